@@ -1,0 +1,111 @@
+//! The HTTP admin listener (port 8080 by default), with the reference's endpoints:
+//! `/healthcheck` (200 `OK` when ready, else 500), `/healthz` (liveness: 200 while the process
+//! runs), `/readyz` (as `/healthcheck`), `POST /json` (a `RateLimitRequest` as protojson; 200
+//! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable) and `GET /config` (the
+//! active rules, one line per limit).
+
+mod json;
+
+use std::fmt::Write as _;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::health::Health;
+use crate::limiter::RateLimiter;
+use crate::rules::{Level, Policy, RuleSet};
+use crate::service::{self, RlsService};
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct Admin {
+    service: RlsService,
+    limiter: Arc<RateLimiter>,
+    health: Health,
+}
+
+/// The admin routes.
+pub fn router(service: RlsService, limiter: Arc<RateLimiter>, health: Health) -> Router {
+    Router::new()
+        .route("/healthcheck", get(readiness))
+        .route("/readyz", get(readiness))
+        .route("/healthz", get(|| async { "OK" }))
+        .route("/json", post(decide_json))
+        .route("/config", get(config))
+        .with_state(Admin {
+            service,
+            limiter,
+            health,
+        })
+}
+
+async fn readiness(State(admin): State<Admin>) -> (StatusCode, &'static str) {
+    if admin.health.is_ready() {
+        (StatusCode::OK, "OK")
+    } else {
+        (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK")
+    }
+}
+
+async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
+    let request = match json::decode_request(&body) {
+        Ok(request) => request,
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response(),
+    };
+    match admin.service.decide(request).await {
+        Ok(response) => {
+            let status = match json::overall_code(&response) {
+                "OK" => StatusCode::OK,
+                "OVER_LIMIT" => StatusCode::TOO_MANY_REQUESTS,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            };
+            let body = json::encode_response(&response);
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err(service::Error::Request(error)) => {
+            (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response()
+        }
+        Err(service::Error::Store(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable\n").into_response()
+        }
+    }
+}
+
+async fn config(State(admin): State<Admin>) -> String {
+    describe(&admin.limiter.rules())
+}
+
+/// One line per rule with a limit, in the reference's `/rlconfig` form:
+/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <b>, quota_mode: <b>`.
+pub fn describe(rules: &RuleSet) -> String {
+    let mut out = String::new();
+    for domain in rules.domains() {
+        describe_level(&domain.root, &mut out);
+    }
+    out
+}
+
+fn describe_level(level: &Level, out: &mut String) {
+    for node in level.nodes() {
+        if let Some(rule) = &node.rule {
+            let limit = match &rule.policy {
+                Policy::Limited(limit) => format!(
+                    "unit={} requests_per_unit={}",
+                    limit.unit.as_str().to_uppercase(),
+                    limit.requests_per_unit
+                ),
+                Policy::Unlimited { .. } => "unlimited".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "{}: {limit}, shadow_mode: {}, quota_mode: {}",
+                rule.path, rule.shadow_mode, rule.quota_mode
+            );
+        }
+        describe_level(&node.children, out);
+    }
+}

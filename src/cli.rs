@@ -1,0 +1,228 @@
+//! The command line: `serve`, `check`, `query`. Every flag can also be set by an environment
+//! variable named `TOLLGATE_<FLAG>`, which suits containers.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::algorithm::Charge;
+use crate::descriptor::InputLimits;
+use crate::limiter::Modes;
+use crate::server::Options;
+use crate::storage::StoreSpec;
+
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about = "A rate-limit decision service for Envoy and gRPC clients")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log filter (e.g. `info`, `tollgate=debug`); `RUST_LOG` wins when set.
+    #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info", global = true)]
+    pub log_level: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve RLS v3 over gRPC and the admin endpoints over HTTP.
+    Serve(ServeArgs),
+    /// Validate a config directory; print `file:line: path: reason` per problem, exit 1 if any.
+    Check(CheckArgs),
+    /// Send one ShouldRateLimit call and print each status and the overall code.
+    Query(QueryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Directory of YAML rule files (one domain per file).
+    #[arg(long, env = "TOLLGATE_CONFIG")]
+    pub config: PathBuf,
+
+    /// gRPC listen address (RLS v3 and gRPC health).
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+
+    /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Counter store: `memory` (in-process).
+    #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+    pub store: String,
+
+    /// Most counters the memory store keeps; beyond it the least recently used are evicted.
+    #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
+    pub memory_max_keys: usize,
+
+    /// Count hits on every descriptor even when the request is rejected (the reference's
+    /// behaviour). By default a rejected request consumes nothing.
+    #[arg(long, env = "TOLLGATE_COUNT_DENIED")]
+    pub count_denied: bool,
+
+    /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    #[command(flatten)]
+    pub bounds: BoundArgs,
+
+    /// Time health reports NOT_SERVING before the listeners close on shutdown.
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+
+    /// Longest wait for in-flight calls to finish on shutdown.
+    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+/// Input bounds (requests over a bound get INVALID_ARGUMENT).
+#[derive(Debug, Args)]
+pub struct BoundArgs {
+    /// Most descriptors in one request.
+    #[arg(long, env = "TOLLGATE_MAX_DESCRIPTORS", default_value_t = InputLimits::default().max_descriptors)]
+    pub max_descriptors: usize,
+
+    /// Most entries in one descriptor.
+    #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = InputLimits::default().max_entries)]
+    pub max_entries: usize,
+
+    /// Longest entry key, in bytes.
+    #[arg(long, env = "TOLLGATE_MAX_KEY_BYTES", default_value_t = InputLimits::default().max_key_bytes)]
+    pub max_key_bytes: usize,
+
+    /// Longest entry value (and domain), in bytes.
+    #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = InputLimits::default().max_value_bytes)]
+    pub max_value_bytes: usize,
+
+    /// Largest hits_addend, request- or descriptor-level.
+    #[arg(long, env = "TOLLGATE_MAX_HITS_ADDEND", default_value_t = InputLimits::default().max_hits_addend)]
+    pub max_hits_addend: u64,
+
+    /// Largest gRPC request message, in bytes (larger ones get OUT_OF_RANGE from gRPC).
+    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = Options::default().max_request_bytes)]
+    pub max_request_bytes: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Directory of YAML rule files.
+    #[arg(env = "TOLLGATE_CONFIG")]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct QueryArgs {
+    /// Server address, e.g. `http://127.0.0.1:8081`.
+    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
+    pub addr: String,
+
+    /// Rate-limit domain.
+    #[arg(long, env = "TOLLGATE_DOMAIN")]
+    pub domain: String,
+
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+
+    /// Request-level hits_addend (0 means 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits: u32,
+}
+
+/// Why `serve`'s flags cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("--store: unsupported store {0:?}; expected `memory`")]
+    UnsupportedStore(String),
+}
+
+impl ServeArgs {
+    pub fn store_spec(&self) -> Result<StoreSpec, ArgsError> {
+        match self.store.as_str() {
+            "memory" => Ok(StoreSpec::Memory {
+                max_keys: self.memory_max_keys,
+            }),
+            other => Err(ArgsError::UnsupportedStore(other.to_owned())),
+        }
+    }
+
+    pub fn charge(&self) -> Charge {
+        if self.count_denied {
+            Charge::Always
+        } else {
+            Charge::IfAllowed
+        }
+    }
+
+    pub fn options(&self) -> Options {
+        Options {
+            modes: Modes {
+                global_shadow: self.shadow_mode,
+            },
+            input_limits: InputLimits {
+                max_descriptors: self.bounds.max_descriptors,
+                max_entries: self.bounds.max_entries,
+                max_key_bytes: self.bounds.max_key_bytes,
+                max_value_bytes: self.bounds.max_value_bytes,
+                max_hits_addend: self.bounds.max_hits_addend,
+            },
+            max_request_bytes: self.bounds.max_request_bytes,
+            shutdown_delay: self.shutdown_delay,
+            drain_timeout: self.drain_timeout,
+            ..Options::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serve_defaults_match_the_reference_ports() {
+        let cli = Cli::try_parse_from(["tollgate", "serve", "--config", "cfg"]).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("expected serve");
+        };
+        assert_eq!(args.grpc_addr.port(), 8081);
+        assert_eq!(args.http_addr.port(), 8080);
+        assert_eq!(args.store_spec().unwrap(), StoreSpec::Memory { max_keys: 1_000_000 });
+        assert_eq!(args.charge(), Charge::IfAllowed);
+        assert_eq!(args.options().input_limits, InputLimits::default());
+    }
+
+    #[test]
+    fn flags_parse_and_unknown_stores_are_refused() {
+        let cli = Cli::try_parse_from([
+            "tollgate", "serve", "--config", "cfg", "--count-denied", "--shadow-mode",
+            "--max-descriptors", "8", "--drain-timeout", "2s", "--store", "etcd://x",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("expected serve");
+        };
+        assert_eq!(args.charge(), Charge::Always);
+        assert!(args.options().modes.global_shadow);
+        assert_eq!(args.options().input_limits.max_descriptors, 8);
+        assert_eq!(args.drain_timeout, Duration::from_secs(2));
+        assert_eq!(
+            args.store_spec().unwrap_err().to_string(),
+            "--store: unsupported store \"etcd://x\"; expected `memory`"
+        );
+    }
+
+    #[test]
+    fn query_takes_repeated_descriptors() {
+        let cli = Cli::try_parse_from([
+            "tollgate", "query", "--domain", "api", "--descriptor", "user=alice",
+            "--descriptor", "user=bob,path=/x",
+        ])
+        .unwrap();
+        let Command::Query(args) = cli.command else {
+            panic!("expected query");
+        };
+        assert_eq!(args.descriptors, ["user=alice", "user=bob,path=/x"]);
+    }
+}

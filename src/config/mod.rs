@@ -1,0 +1,132 @@
+//! Loading the rules: every `*.yaml`/`*.yml` file under a directory, one domain per file, in
+//! the envoyproxy/ratelimit format (plus tollgate's extensions). Loading is all-or-nothing: any
+//! error in any file rejects the whole set, so a caller keeps whatever it had before.
+//!
+//! Files and directories whose names start with `.` are skipped. That covers editors' swap
+//! files and, importantly, a Kubernetes ConfigMap volume's `..data` and `..<timestamp>`
+//! directories, whose files would otherwise appear twice (as the reference's
+//! `RUNTIME_IGNOREDOTFILES=true`). Symbolic links are followed.
+
+pub mod file;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::rules::RuleSet;
+
+/// One problem in the config: where it is and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    /// 1-based line, when the problem has a place in the file.
+    pub line: Option<u64>,
+    /// Where in the document, e.g. `domain "api" > descriptors[2] (key "user") > rate_limit.unit`.
+    pub path: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file.display())?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every problem found while loading a directory, one per line when displayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, error) in self.0.iter().enumerate() {
+            if index > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Loads and validates every config file under `dir`.
+pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
+    let files = config_files(dir).map_err(|error| ConfigErrors(vec![error]))?;
+    let mut errors = Vec::new();
+    let mut domains: Vec<(PathBuf, crate::rules::DomainRules)> = Vec::new();
+    for path in files {
+        let parsed = std::fs::read_to_string(&path)
+            .map_err(|error| io_error(&path, &error))
+            .and_then(|text| file::parse(&path, &text));
+        match parsed {
+            Ok(domain) => {
+                if let Some((first, _)) = domains.iter().find(|(_, d)| d.name == domain.name) {
+                    errors.push(ConfigError {
+                        file: path.clone(),
+                        line: Some(1),
+                        path: format!("domain {:?}", domain.name),
+                        reason: format!("duplicate domain, already defined in {}", first.display()),
+                    });
+                } else {
+                    domains.push((path, domain));
+                }
+            }
+            Err(error) => errors.push(error),
+        }
+    }
+    if errors.is_empty() {
+        Ok(RuleSet::new(domains.into_iter().map(|(_, domain)| domain)))
+    } else {
+        Err(ConfigErrors(errors))
+    }
+}
+
+/// The config files under `dir`, recursively, sorted so that errors come in a stable order.
+fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(current) = pending.pop() {
+        let listing = std::fs::read_dir(&current).map_err(|error| io_error(&current, &error))?;
+        for entry in listing {
+            let entry = entry.map_err(|error| io_error(&current, &error))?;
+            let path = entry.path();
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
+            // `metadata` follows symbolic links, as ConfigMap volumes need.
+            let metadata = std::fs::metadata(&path).map_err(|error| io_error(&path, &error))?;
+            if metadata.is_dir() {
+                pending.push(path);
+            } else if is_yaml(&path) {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|ext| ext.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+fn io_error(path: &Path, error: &std::io::Error) -> ConfigError {
+    ConfigError {
+        file: path.to_path_buf(),
+        line: None,
+        path: String::new(),
+        reason: format!("cannot read: {error}"),
+    }
+}

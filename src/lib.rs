@@ -1,0 +1,41 @@
+//! tollgate: a rate-limit decision service that speaks Envoy's RLS v3
+//! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) and reads
+//! envoyproxy/ratelimit YAML configs.
+//!
+//! # Request flow
+//!
+//! ```text
+//! service.rs   protobuf → descriptor::Request (validated), Decision → protobuf, errors → Status
+//!     ↓
+//! limiter.rs   rules (one atomic load) → a limit per descriptor → one store call → statuses
+//!     ↓                    ↘ rules/matcher.rs: the reference's precedence, no backtracking
+//! storage/     CounterStore::apply(&[Hit]): all-or-nothing over a request's counters
+//!     ↓                    ↘ storage/keys.rs: injective, versioned, slot-safe counter keys
+//! algorithm/   pure functions (state, now, limit, hits) → (state, outcome)
+//! ```
+//!
+//! # Layout
+//!
+//! - `cli`, `main.rs`: the command line; `server`: listeners, health probe, graceful shutdown;
+//!   `admin`: the HTTP endpoints; `health`: gRPC/HTTP readiness; `shutdown`: signals.
+//! - `config`: YAML files → `rules::RuleSet`, with `file:line: path: reason` errors.
+//! - `descriptor`: the request vocabulary and its input bounds; `limit`: units and limits.
+//! - `pb`: generated protobuf code; `clock`: time as a value.
+
+pub mod admin;
+pub mod algorithm;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod descriptor;
+pub mod health;
+pub mod limit;
+pub mod limiter;
+pub mod pb;
+pub mod query;
+pub mod rules;
+pub mod server;
+pub mod service;
+pub mod shutdown;
+pub mod storage;
+pub mod telemetry;

@@ -1,0 +1,95 @@
+//! What a limit is: a number of requests per window of time, counted by an algorithm. Built
+//! from the YAML rules (`config`) or from a request's own override (`descriptor`).
+
+use std::fmt;
+
+use crate::algorithm::Algorithm;
+use crate::clock::{MICROS_PER_SECOND, Micros};
+
+/// The unit of a window. Lengths follow envoyproxy/ratelimit: a month is 30 days and a year
+/// 365 days, so windows stay fixed-length and epoch-aligned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 604_800,
+            Unit::Month => 2_592_000,
+            Unit::Year => 31_536_000,
+        }
+    }
+
+    /// Parses a unit name, ignoring case as the reference does.
+    pub fn parse(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|unit| unit.as_str().eq_ignore_ascii_case(name))
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limit: `requests_per_unit` per `unit`, counted by `algorithm`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// Reported on the wire as `current_limit.name`, and the target of `replaces`.
+    pub name: Option<String>,
+    pub algorithm: Algorithm,
+}
+
+impl Limit {
+    pub fn new(requests_per_unit: u32, unit: Unit) -> Self {
+        Self {
+            requests_per_unit,
+            unit,
+            name: None,
+            algorithm: Algorithm::FixedWindow,
+        }
+    }
+
+    /// The window length in microseconds.
+    pub fn window(&self) -> Micros {
+        self.unit.seconds() * MICROS_PER_SECOND
+    }
+}

@@ -1,0 +1,52 @@
+//! The `tollgate` binary: parse the command line and wire the library together.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tollgate::cli::{Cli, Command, QueryArgs, ServeArgs};
+use tollgate::{config, pb, query, server, shutdown, storage, telemetry};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<ExitCode> {
+    let cli = Cli::parse();
+    telemetry::init(&cli.log_level)?;
+    match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Check(args) => Ok(check(&args.dir)),
+        Command::Query(args) => query(args).await,
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let rules = config::load_dir(&args.config)?;
+    let store = storage::build_store(&args.store_spec()?, args.charge());
+    let listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
+    tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening");
+    server::run(rules, store, args.options(), listeners, shutdown::signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check(dir: &std::path::Path) -> ExitCode {
+    match config::load_dir(dir) {
+        Ok(rules) => {
+            println!("{}: ok, {} domain(s)", dir.display(), rules.domains().len());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
+    let descriptors = args.descriptors.iter().map(|d| query::parse_descriptor(d)).collect::<Result<_, _>>()?;
+    let request = pb::RateLimitRequest {
+        domain: args.domain,
+        descriptors,
+        hits_addend: args.hits,
+    };
+    let response = query::call(args.addr, request.clone()).await?;
+    print!("{}", query::render(&request, &response));
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,85 @@
+//! `tollgate query`: one ShouldRateLimit call, printed for a person.
+
+use std::fmt::Write as _;
+
+use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("--descriptor {0:?}: expected key=value[,key=value...]")]
+    BadDescriptor(String),
+    #[error("cannot connect: {0}")]
+    Connect(#[from] tonic::transport::Error),
+    #[error("call failed: {}: {}", .0.code(), .0.message())]
+    Call(#[from] tonic::Status),
+}
+
+/// Parses `key=value[,key=value...]` into a descriptor.
+pub fn parse_descriptor(text: &str) -> Result<pb::RateLimitDescriptor, QueryError> {
+    let entries = text
+        .split(',')
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(key, value)| desc::Entry {
+                    key: key.to_owned(),
+                    value: value.to_owned(),
+                })
+                .ok_or_else(|| QueryError::BadDescriptor(text.to_owned()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(pb::RateLimitDescriptor {
+        entries,
+        ..Default::default()
+    })
+}
+
+/// Sends the request and returns the response.
+pub async fn call(addr: String, request: pb::RateLimitRequest) -> Result<pb::RateLimitResponse, QueryError> {
+    let mut client = pb::RateLimitServiceClient::connect(addr).await?;
+    Ok(client.should_rate_limit(request).await?.into_inner())
+}
+
+/// One line per descriptor, then the overall code.
+pub fn render(request: &pb::RateLimitRequest, response: &pb::RateLimitResponse) -> String {
+    let mut out = String::new();
+    for (descriptor, status) in request.descriptors.iter().zip(&response.statuses) {
+        let entries: Vec<String> = descriptor.entries.iter().map(|e| format!("{}={}", e.key, e.value)).collect();
+        let _ = write!(out, "{}: {}", entries.join(","), code(status.code));
+        match &status.current_limit {
+            Some(limit) => {
+                let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
+                let reset = status.duration_until_reset.as_ref().map_or(0, |d| d.seconds);
+                let _ = write!(
+                    out,
+                    " limit={}/{} remaining={} reset={reset}s",
+                    limit.requests_per_unit, unit, status.limit_remaining
+                );
+                if !limit.name.is_empty() {
+                    let _ = write!(out, " name={}", limit.name);
+                }
+            }
+            None if status.limit_remaining == u32::MAX => out.push_str(" unlimited"),
+            None => out.push_str(" no limit"),
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(out, "overall: {}", code(response.overall_code));
+    out
+}
+
+fn code(code: i32) -> &'static str {
+    rls::Code::try_from(code).map_or("UNKNOWN", |code| code.as_str_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_parse_from_pairs() {
+        let descriptor = parse_descriptor("user=alice,path=/a=b").unwrap();
+        assert_eq!(descriptor.entries.len(), 2);
+        assert_eq!(descriptor.entries[1].value, "/a=b");
+        assert!(parse_descriptor("user").is_err());
+    }
+}

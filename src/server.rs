@@ -1,0 +1,152 @@
+//! Serving: the gRPC listener (RLS v3 + gRPC health) and the HTTP admin listener, a store
+//! probe driving health, and graceful shutdown: when `shutdown` resolves, health flips to
+//! NOT_SERVING, then after `shutdown_delay` (time for load balancers to notice) both
+//! listeners stop accepting and in-flight calls finish, bounded by `drain_timeout`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::transport::server::{Router, TcpIncoming};
+
+use crate::descriptor::InputLimits;
+use crate::health::{self, Health};
+use crate::limiter::{Modes, RateLimiter};
+use crate::pb::RateLimitServiceServer;
+use crate::rules::RuleSet;
+use crate::service::RlsService;
+use crate::storage::CounterStore;
+
+/// Server settings that are not about counting.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub modes: Modes,
+    pub input_limits: InputLimits,
+    /// Largest accepted gRPC request message.
+    pub max_request_bytes: usize,
+    /// How long health says NOT_SERVING before the listeners close.
+    pub shutdown_delay: Duration,
+    /// Bound on the wait for in-flight calls after the listeners close.
+    pub drain_timeout: Duration,
+    /// How often the store is pinged for health.
+    pub probe_every: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            modes: Modes::default(),
+            input_limits: InputLimits::default(),
+            max_request_bytes: 1024 * 1024,
+            shutdown_delay: Duration::ZERO,
+            drain_timeout: Duration::from_secs(10),
+            probe_every: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The two bound listeners.
+pub struct Listeners {
+    pub grpc: TcpListener,
+    pub http: TcpListener,
+}
+
+impl Listeners {
+    pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> std::io::Result<Self> {
+        Ok(Self {
+            grpc: TcpListener::bind(grpc).await?,
+            http: TcpListener::bind(http).await?,
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("grpc server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("http server: {0}")]
+    Http(#[from] std::io::Error),
+    #[error("server task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// The gRPC routes: RLS v3 and gRPC health.
+pub fn grpc_router(
+    service: RlsService,
+    health_service: tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    max_request_bytes: usize,
+) -> Router {
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes))
+}
+
+/// Serves until `shutdown` resolves, then drains (see the module docs).
+pub async fn run(
+    rules: RuleSet,
+    store: Arc<dyn CounterStore>,
+    options: Options,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServerError> {
+    let rules = Arc::new(ArcSwap::from_pointee(rules));
+    let limiter = Arc::new(RateLimiter::new(rules, Arc::clone(&store), options.modes));
+    let service = RlsService::new(Arc::clone(&limiter), options.input_limits);
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter).await;
+    let probe = tokio::spawn(health::probe_store(health.clone(), store, options.probe_every));
+
+    let (stop, stopped) = watch::channel(false);
+    let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
+    let grpc = grpc_router(service.clone(), health_service, options.max_request_bytes)
+        .serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
+    let admin = crate::admin::router(service, limiter, health.clone());
+    let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
+    let mut grpc = tokio::spawn(grpc);
+    let mut http = tokio::spawn(async move { http.await });
+
+    tracing::info!("serving");
+    tokio::select! {
+        () = shutdown => {}
+        result = &mut grpc => return flatten(result),
+        result = &mut http => return flatten(result),
+    }
+    health.begin_shutdown().await;
+    tokio::time::sleep(options.shutdown_delay).await;
+    let _ = stop.send(true);
+    probe.abort();
+    let drained = tokio::time::timeout(options.drain_timeout, async {
+        let grpc = (&mut grpc).await;
+        let http = (&mut http).await;
+        flatten(grpc).and(flatten(http))
+    })
+    .await;
+    match drained {
+        Ok(result) => {
+            tracing::info!("drained; stopped");
+            result
+        }
+        Err(_) => {
+            tracing::warn!(timeout = ?options.drain_timeout, "drain timed out; stopping anyway");
+            grpc.abort();
+            http.abort();
+            Ok(())
+        }
+    }
+}
+
+async fn wait_for(mut stopped: watch::Receiver<bool>) {
+    // An error means the sender is gone, which also means stop.
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+fn flatten<E>(result: Result<Result<(), E>, tokio::task::JoinError>) -> Result<(), ServerError>
+where
+    ServerError: From<E>,
+{
+    Ok(result??)
+}

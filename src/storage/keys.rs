@@ -1,0 +1,150 @@
+//! Counter keys: the only place that builds one. A key names one counter identity (domain,
+//! entries, algorithm, window) and is:
+//! - injective: every component is length-prefixed, so `(a, b:c)` and `(a:b, c)`, or
+//!   `(a_b, c)` and `(a, b_c)`, never share a counter (the reference joins with `_` and does);
+//! - versioned: `tollgate:v1:` lets a future layout coexist with this one in a shared Redis;
+//! - bounded: an identity longer than `MAX_INLINE_IDENTITY` bytes is replaced by its SHA-256
+//!   digest (marked `#`, which no inline identity starts with);
+//! - slot-safe: the Redis Cluster hash tag `{…}` is a hash of the identity computed by
+//!   tollgate, so client bytes such as `{` or `}` can never choose a slot. Every limit of one
+//!   identity shares the tag, hence the slot.
+//!
+//! Layout: `tollgate:v1:{TAG}:ALG:WINDOWs:IDENTITY` with
+//! `IDENTITY = d<len>:<domain> (k<len>:<key> (v|s)<len>:<value>)*`, where `s` marks a shared
+//! (`share_threshold`) bucket whose value is the config pattern rather than the client's value.
+
+use std::fmt::Write as _;
+
+use sha2::{Digest, Sha256};
+
+use crate::algorithm::Algorithm;
+use crate::clock::{MICROS_PER_SECOND, Micros};
+
+/// Identities longer than this are stored by digest, keeping keys short for Redis.
+pub const MAX_INLINE_IDENTITY: usize = 512;
+
+/// A counter's key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey(String);
+
+impl CounterKey {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The value part of an entry in a counter identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryValue<'a> {
+    /// A counter per client value.
+    Actual(&'a str),
+    /// One counter shared by every value matching this config pattern (`share_threshold`).
+    Shared(&'a str),
+}
+
+/// Builds the key of one counter.
+pub fn counter_key<'a>(
+    domain: &str,
+    entries: impl IntoIterator<Item = (&'a str, EntryValue<'a>)>,
+    algorithm: Algorithm,
+    window: Micros,
+) -> CounterKey {
+    let mut identity = String::with_capacity(64);
+    push_part(&mut identity, 'd', domain);
+    for (key, value) in entries {
+        push_part(&mut identity, 'k', key);
+        match value {
+            EntryValue::Actual(value) => push_part(&mut identity, 'v', value),
+            EntryValue::Shared(pattern) => push_part(&mut identity, 's', pattern),
+        }
+    }
+    let tag = fnv1a64(identity.as_bytes());
+    let mut key = String::with_capacity(identity.len().min(MAX_INLINE_IDENTITY + 1) + 48);
+    let _ = write!(
+        key,
+        "tollgate:v1:{{{tag:016x}}}:{}:{}s:",
+        algorithm.key_tag(),
+        window / MICROS_PER_SECOND
+    );
+    if identity.len() > MAX_INLINE_IDENTITY {
+        key.push('#');
+        for byte in Sha256::digest(identity.as_bytes()) {
+            let _ = write!(key, "{byte:02x}");
+        }
+    } else {
+        key.push_str(&identity);
+    }
+    CounterKey(key)
+}
+
+fn push_part(out: &mut String, marker: char, part: &str) {
+    let _ = write!(out, "{marker}{}:", part.len());
+    out.push_str(part);
+}
+
+/// FNV-1a, 64 bits: stable across versions and machines (unlike std's `DefaultHasher`), so
+/// every replica picks the same tag for the same identity.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(PRIME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINUTE: Micros = 60 * MICROS_PER_SECOND;
+
+    fn key(domain: &str, entries: &[(&str, &str)]) -> String {
+        counter_key(
+            domain,
+            entries.iter().map(|(k, v)| (*k, EntryValue::Actual(*v))),
+            Algorithm::FixedWindow,
+            MINUTE,
+        )
+        .0
+    }
+
+    #[test]
+    fn layout_is_pinned() {
+        assert_eq!(
+            key("api", &[("user", "alice")]),
+            "tollgate:v1:{195d56cf205ee7dd}:fw:60s:d3:apik4:userv5:alice"
+        );
+    }
+
+    #[test]
+    fn separators_in_client_bytes_cannot_merge_counters() {
+        assert_ne!(key("d", &[("a", "b:c")]), key("d", &[("a:b", "c")]));
+        assert_ne!(key("d", &[("a_b", "c")]), key("d", &[("a", "b_c")]));
+        assert_ne!(key("d", &[("a", "bk1:c")]), key("d", &[("a", "b"), ("c", "")]));
+        assert_ne!(key("d_a", &[("b", "c")]), key("d", &[("a_b", "c")]));
+    }
+
+    #[test]
+    fn shared_buckets_differ_from_a_client_value_equal_to_the_pattern() {
+        let shared = counter_key("d", [("f", EntryValue::Shared("x*"))], Algorithm::FixedWindow, MINUTE);
+        let actual = counter_key("d", [("f", EntryValue::Actual("x*"))], Algorithm::FixedWindow, MINUTE);
+        assert_ne!(shared, actual);
+    }
+
+    #[test]
+    fn braces_in_values_cannot_pick_the_hash_tag() {
+        let k = key("d", &[("user", "{slot}")]);
+        let open = k.find('{').unwrap();
+        let close = k.find('}').unwrap();
+        assert_eq!(close - open, 17, "the first {{…}} is tollgate's 16-hex-digit tag: {k}");
+    }
+
+    #[test]
+    fn long_identities_are_bounded_by_digest_and_stay_distinct() {
+        let a = key("d", &[("user", &"x".repeat(65_536))]);
+        let b = key("d", &[("user", &format!("{}y", "x".repeat(65_535)))]);
+        assert_ne!(a, b);
+        assert!(a.len() < 120, "{}", a.len());
+        assert!(a.contains(":60s:#"));
+    }
+}

@@ -1,0 +1,311 @@
+//! The in-process store (the default): counters in a sharded map bounded by `max_keys`.
+//!
+//! Each shard is a `std::sync::Mutex` around an LRU map. A std mutex, not tokio's, because it is
+//! never held across an `.await`: `apply` is synchronous inside. A request locks the shards of
+//! its keys in ascending order (so two requests cannot deadlock), decides every hit, and
+//! commits all or nothing while holding them: that is what makes a multi-descriptor request
+//! atomic here. Sharding keeps unrelated requests off each other's locks.
+//!
+//! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters and
+//! evicts its least recently used one beyond that (an approximation of a global LRU, counted
+//! in `evictions`). Expired counters are swept in the background.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use lru::LruCache;
+
+use super::keys::CounterKey;
+use super::{CounterStore, Hit, StoreError, vetoed};
+use crate::algorithm::{self, Charge, Decision, Outcome, State};
+use crate::clock::{Clock, Micros};
+
+/// Enough shards that two cores rarely contend, few enough that a sweep stays cheap.
+const SHARDS: usize = 64;
+
+/// How often expired counters are removed.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+struct Slot {
+    state: State,
+    expires_at: Micros,
+}
+
+pub struct MemoryStore {
+    shards: Box<[Mutex<LruCache<CounterKey, Slot>>]>,
+    per_shard: usize,
+    hasher: RandomState,
+    charge: Charge,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(LruCache::unbounded())).collect(),
+            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            hasher: RandomState::new(),
+            charge,
+            clock,
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// Wraps the store and starts its background sweep, which ends when the store is dropped.
+    pub fn start(self) -> Arc<Self> {
+        let store = Arc::new(self);
+        let weak: Weak<Self> = Arc::downgrade(&store);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                ticks.tick().await;
+                match weak.upgrade() {
+                    Some(store) => store.sweep(),
+                    None => return,
+                }
+            }
+        });
+        store
+    }
+
+    /// Number of counters held.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters evicted to stay within `max_keys`.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Removes every expired counter.
+    pub fn sweep(&self) {
+        let now = self.clock.now();
+        for shard in self.shards.iter() {
+            let mut shard = lock(shard);
+            let expired: Vec<CounterKey> = shard
+                .iter()
+                .filter(|(_, slot)| slot.expires_at <= now)
+                .map(|(key, _)| key.clone())
+                .collect();
+            for key in expired {
+                shard.pop(&key);
+            }
+        }
+    }
+
+    fn shard_of(&self, key: &CounterKey) -> usize {
+        // Truncating the hash is fine: only its low bits pick the shard.
+        (self.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    /// Decides `hits` with every involved shard locked (see the module docs).
+    fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
+        let shard_of_hit: Vec<usize> = hits.iter().map(|hit| self.shard_of(&hit.key)).collect();
+        let mut locked: Vec<usize> = shard_of_hit.clone();
+        locked.sort_unstable();
+        locked.dedup();
+        let mut guards: Vec<MutexGuard<'_, LruCache<CounterKey, Slot>>> =
+            locked.iter().map(|&index| lock(&self.shards[index])).collect();
+        let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
+
+        let stored: Vec<Option<State>> = hits
+            .iter()
+            .zip(&shard_of_hit)
+            .map(|(hit, &shard)| {
+                guards[guard_of(shard)]
+                    .get(&hit.key)
+                    .filter(|slot| slot.expires_at > now)
+                    .map(|slot| slot.state)
+            })
+            .collect();
+        let decisions = decide_in_order(hits, &stored, now, self.charge);
+        let veto = self.charge == Charge::IfAllowed
+            && vetoed(hits, |index| decisions[index].outcome.allowed);
+        if veto {
+            return unconsumed_outcomes(hits, &stored, &decisions, now);
+        }
+        for ((hit, decision), &shard) in hits.iter().zip(&decisions).zip(&shard_of_hit) {
+            if decision.outcome.allowed || self.charge == Charge::Always {
+                let slot = Slot {
+                    state: decision.state,
+                    expires_at: decision.expires_at,
+                };
+                let shard = &mut guards[guard_of(shard)];
+                shard.put(hit.key.clone(), slot);
+                self.evict_beyond_bound(shard);
+            }
+        }
+        decisions.iter().map(|decision| decision.outcome).collect()
+    }
+
+    fn evict_beyond_bound(&self, shard: &mut LruCache<CounterKey, Slot>) {
+        while shard.len() > self.per_shard {
+            shard.pop_lru();
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Decides each hit on the state left by the hits before it, so a request naming one counter
+/// twice counts it twice.
+fn decide_in_order(
+    hits: &[Hit],
+    stored: &[Option<State>],
+    now: Micros,
+    charge: Charge,
+) -> Vec<Decision> {
+    let mut decisions: Vec<Decision> = Vec::with_capacity(hits.len());
+    for (index, hit) in hits.iter().enumerate() {
+        let earlier = (0..index).rev().find(|&before| hits[before].key == hit.key);
+        let state = match earlier {
+            Some(before) => Some(decisions[before].state),
+            None => stored[index],
+        };
+        decisions.push(algorithm::decide(&hit.params, state.as_ref(), now, hit.hits, charge));
+    }
+    decisions
+}
+
+/// Outcomes of a vetoed request: denied hits as decided, allowed hits re-read as a check
+/// (0 hits) on their unchanged counters, since nothing was consumed.
+fn unconsumed_outcomes(
+    hits: &[Hit],
+    stored: &[Option<State>],
+    decisions: &[Decision],
+    now: Micros,
+) -> Vec<Outcome> {
+    hits.iter()
+        .zip(stored)
+        .zip(decisions)
+        .map(|((hit, state), decision)| {
+            if decision.outcome.allowed {
+                algorithm::decide(&hit.params, state.as_ref(), now, 0, Charge::IfAllowed).outcome
+            } else {
+                decision.outcome
+            }
+        })
+        .collect()
+}
+
+/// A shard's map is consistent after any panic (slots are replaced whole), so a poisoned lock
+/// is safe to keep using.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[tonic::async_trait]
+impl CounterStore for MemoryStore {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        Ok(self.apply_now(hits, self.clock.now()))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Params};
+    use crate::clock::{MICROS_PER_SECOND, ManualClock};
+    use crate::storage::Role;
+    use crate::storage::keys::{EntryValue, counter_key};
+
+    fn hit(user: &str, requests: u64, hits: u64, role: Role) -> Hit {
+        let window = 60 * MICROS_PER_SECOND;
+        Hit {
+            key: counter_key("d", [("user", EntryValue::Actual(user))], Algorithm::FixedWindow, window),
+            params: Params {
+                algorithm: Algorithm::FixedWindow,
+                requests,
+                window,
+            },
+            hits,
+            role,
+        }
+    }
+
+    fn store(max_keys: usize, charge: Charge) -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::at_seconds(1_000_020);
+        (MemoryStore::new(max_keys, charge, Arc::new(clock.clone())), clock)
+    }
+
+    fn remaining(outcomes: &[Outcome]) -> Vec<(bool, u64)> {
+        outcomes.iter().map(|o| (o.allowed, o.remaining)).collect()
+    }
+
+    #[test]
+    fn a_vetoed_request_consumes_nothing_anywhere() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let now = clock.now();
+        let first = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&first), [(true, 4), (true, 0)]);
+        let vetoed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
+        let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&after), [(true, 3)]);
+    }
+
+    #[test]
+    fn count_denied_consumes_on_every_descriptor() {
+        let (store, clock) = store(100, Charge::Always);
+        let now = clock.now();
+        store.apply_now(&[hit("b", 1, 1, Role::Enforced)], now);
+        let vetoed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
+        let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&after), [(true, 3)]);
+    }
+
+    #[test]
+    fn shadow_denials_do_not_veto_and_quota_vetoes_only_when_all_quota_is_over() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let now = clock.now();
+        store.apply_now(&[hit("s", 0, 1, Role::Shadow)], now);
+        let shadowed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("s", 0, 1, Role::Shadow)], now);
+        assert_eq!(remaining(&shadowed), [(true, 4), (false, 0)]);
+        let one_quota_over = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota), hit("q2", 5, 1, Role::Quota)], now);
+        assert_eq!(remaining(&one_quota_over), [(true, 3), (false, 0), (true, 4)]);
+        let all_quota_over = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota)], now);
+        assert_eq!(remaining(&all_quota_over), [(true, 3), (false, 0)]);
+    }
+
+    #[test]
+    fn the_same_counter_twice_in_one_request_counts_twice() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let outcomes = store.apply_now(&[hit("a", 2, 1, Role::Enforced), hit("a", 2, 1, Role::Enforced)], clock.now());
+        assert_eq!(remaining(&outcomes), [(true, 1), (true, 0)]);
+    }
+
+    #[test]
+    fn least_recently_used_counters_are_evicted_beyond_the_bound() {
+        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        for user in 0..1_000 {
+            store.apply_now(&[hit(&user.to_string(), 5, 1, Role::Enforced)], clock.now());
+        }
+        assert!(store.len() <= SHARDS, "{}", store.len());
+        assert_eq!(store.evictions(), 1_000 - store.len() as u64);
+    }
+
+    #[test]
+    fn sweep_removes_expired_counters_only() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        store.apply_now(&[hit("a", 5, 1, Role::Enforced)], clock.now());
+        clock.advance(30 * MICROS_PER_SECOND);
+        store.sweep();
+        assert_eq!(store.len(), 1);
+        clock.advance(31 * MICROS_PER_SECOND);
+        store.sweep();
+        assert_eq!(store.len(), 0);
+    }
+}

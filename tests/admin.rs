@@ -1,0 +1,152 @@
+//! The HTTP admin endpoints and health, over real listeners.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tollgate::server::Options;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+const CONFIG: &str = r#"
+domain: dummy
+descriptors:
+  - key: one_per_day
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: parent
+    value: p
+    descriptors:
+      - key: child
+        shadow_mode: true
+        rate_limit: {unit: second, requests_per_unit: 5, name: kid}
+"#;
+
+#[tokio::test]
+async fn json_maps_ok_to_200_over_limit_to_429_and_bad_input_to_400() {
+    let server = start(&[("dummy.yaml", CONFIG)]).await;
+    let body = r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"one_per_day","value":"something"}]}]}"#;
+    assert_eq!(
+        server.http("POST", "/json", body).await,
+        (200, r#"{"overallCode":"OK","statuses":[{"code":"OK","currentLimit":{"requestsPerUnit":1,"unit":"DAY"},"durationUntilReset":"84178s"}]}"#.to_owned())
+    );
+    assert_eq!(
+        server.http("POST", "/json", body).await,
+        (429, r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":1,"unit":"DAY"},"durationUntilReset":"84178s"}]}"#.to_owned())
+    );
+    let unlimited = r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"free","value":"x"}]}]}"#;
+    assert_eq!(
+        server.http("POST", "/json", unlimited).await,
+        (200, r#"{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":4294967295}]}"#.to_owned())
+    );
+    assert_eq!(server.http("POST", "/json", "").await.0, 400);
+    assert_eq!(server.http("POST", "/json", "{not json").await.0, 400);
+    assert_eq!(
+        server.http("POST", "/json", r#"{"domain":"","descriptors":[]}"#).await,
+        (400, "bad request: domain: must not be empty\n".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn config_lists_one_line_per_limit() {
+    let server = start(&[("dummy.yaml", CONFIG)]).await;
+    assert_eq!(
+        server.http("GET", "/config", "").await,
+        (
+            200,
+            "dummy.free: unlimited, shadow_mode: false, quota_mode: false\n\
+             dummy.one_per_day: unit=DAY requests_per_unit=1, shadow_mode: false, quota_mode: false\n\
+             dummy.parent_p.child: unit=SECOND requests_per_unit=5, shadow_mode: true, quota_mode: false\n"
+                .to_owned()
+        )
+    );
+}
+
+async fn grpc_health(server_addr: std::net::SocketAddr, service: &str) -> Result<i32, tonic::Status> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{server_addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = HealthClient::new(channel);
+    client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|response| response.into_inner().status)
+}
+
+#[tokio::test]
+async fn health_serves_the_three_names_then_flips_to_not_serving_on_shutdown() {
+    let options = Options {
+        shutdown_delay: Duration::from_secs(2),
+        ..Options::default()
+    };
+    let mut server = start_with(&[("dummy.yaml", CONFIG)], Setup { options, ..Setup::default() }).await;
+    for name in ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"] {
+        assert_eq!(grpc_health(server.grpc, name).await.unwrap(), ServingStatus::Serving as i32, "{name:?}");
+    }
+    assert_eq!(server.http("GET", "/healthcheck", "").await, (200, "OK".to_owned()));
+    assert_eq!(server.http("GET", "/healthz", "").await, (200, "OK".to_owned()));
+
+    server.trigger_stop();
+    // During the shutdown delay the listeners still answer, and say NOT_SERVING.
+    let mut flipped = false;
+    for _ in 0..100 {
+        if grpc_health(server.grpc, "ratelimit").await.unwrap() == ServingStatus::NotServing as i32 {
+            flipped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(flipped, "health never flipped");
+    for name in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        assert_eq!(grpc_health(server.grpc, name).await.unwrap(), ServingStatus::NotServing as i32);
+    }
+    assert_eq!(server.http("GET", "/healthcheck", "").await, (500, "NOT OK".to_owned()));
+    assert_eq!(server.http("GET", "/readyz", "").await.0, 500);
+    assert_eq!(server.http("GET", "/healthz", "").await.0, 200);
+    // Decisions are still answered while draining.
+    let response = server.ok(request("dummy", &[&[("free", "x")]])).await;
+    assert_eq!(response.overall_code, OK);
+    server.take_task().await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn in_flight_calls_finish_when_shutdown_starts() {
+    let mut server = start(&[("dummy.yaml", CONFIG)]).await;
+    let client = server.client().await;
+    let calls: Vec<_> = (0..50)
+        .map(|n| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .should_rate_limit(request("dummy", &[&[("one_per_day", &n.to_string())]]))
+                    .await
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    server.trigger_stop();
+    let mut answered = 0;
+    let mut refused = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(response) => {
+                assert_eq!(shapes(&response.into_inner()), [limited(OK, "1/DAY", 0, 84_178)]);
+                answered += 1;
+            }
+            // Calls that had not reached the server before it stopped accepting are refused
+            // by the transport, never cut off half-way with a wrong answer.
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(answered + refused, 50);
+    server.take_task().await.unwrap().unwrap();
+}

@@ -1,0 +1,251 @@
+//! Test helpers: an in-process tollgate on 127.0.0.1:0 with a hand-driven clock, a gRPC client,
+//! a tiny HTTP/1.1 client, request builders, and a guard for a `tollgate` child process.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tollgate::algorithm::Charge;
+use tollgate::clock::ManualClock;
+use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
+use tollgate::server::{self, Listeners, Options, ServerError};
+use tollgate::storage::memory::MemoryStore;
+use tonic::transport::Channel;
+
+/// 2222 s after the epoch, the instant the reference's tests use: a minute window has 58 s
+/// left, a second window 1 s.
+pub const T2222: u64 = 2_222;
+
+/// A running in-process server; stopped (and awaited) by `stop`, or signalled on drop.
+pub struct TestServer {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub clock: ManualClock,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), ServerError>>>,
+    _dir: tempfile::TempDir,
+}
+
+pub struct Setup {
+    pub options: Options,
+    pub charge: Charge,
+    pub max_keys: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            options: Options::default(),
+            charge: Charge::IfAllowed,
+            max_keys: 100_000,
+        }
+    }
+}
+
+/// Starts a server with one config file per `(name, yaml)` and the clock at `T2222`.
+pub async fn start(files: &[(&str, &str)]) -> TestServer {
+    start_with(files, Setup::default()).await
+}
+
+pub async fn start_with(files: &[(&str, &str)], setup: Setup) -> TestServer {
+    let dir = config_dir(files);
+    let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
+    let clock = ManualClock::at_seconds(T2222);
+    let store = MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone())).start();
+    let listeners = Listeners::bind(loopback(), loopback()).await.expect("bind loopback");
+    let grpc = listeners.grpc.local_addr().expect("grpc addr");
+    let http = listeners.http.local_addr().expect("http addr");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(server::run(rules, store, setup.options, listeners, async {
+        let _ = stopped.await;
+    }));
+    let server = TestServer {
+        grpc,
+        http,
+        clock,
+        stop: Some(stop),
+        task: Some(task),
+        _dir: dir,
+    };
+    server.wait_ready().await;
+    server
+}
+
+pub fn config_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, yaml) in files {
+        std::fs::write(dir.path().join(name), yaml).expect("write config");
+    }
+    dir
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+impl TestServer {
+    pub async fn client(&self) -> pb::RateLimitServiceClient<Channel> {
+        pb::RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    pub async fn call(&self, request: pb::RateLimitRequest) -> Result<pb::RateLimitResponse, tonic::Status> {
+        self.client().await.should_rate_limit(request).await.map(tonic::Response::into_inner)
+    }
+
+    /// Calls and expects success.
+    pub async fn ok(&self, request: pb::RateLimitRequest) -> pb::RateLimitResponse {
+        self.call(request).await.expect("call succeeds")
+    }
+
+    pub async fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(self.http, method, path, body).await
+    }
+
+    /// Waits until /readyz says ready (the store probe runs right after start).
+    async fn wait_ready(&self) {
+        for _ in 0..500 {
+            if self.http("GET", "/readyz", "").await.0 == 200 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("server never became ready");
+    }
+
+    /// Triggers shutdown and waits for the server to finish.
+    pub async fn stop(mut self) -> Result<(), ServerError> {
+        self.trigger_stop();
+        let task = self.task.take().expect("stopped once");
+        task.await.expect("server task")
+    }
+
+    pub fn trigger_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    pub fn take_task(&mut self) -> JoinHandle<Result<(), ServerError>> {
+        self.task.take().expect("task present")
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.trigger_stop();
+    }
+}
+
+/// A minimal HTTP/1.1 exchange (`Connection: close`): returns the status and the body.
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).expect("connect http");
+        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        stream.write_all(request.as_bytes()).expect("write http");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read http");
+        let status = response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .expect("status line");
+        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    })
+    .await
+    .expect("http task")
+}
+
+// === request builders ===
+
+pub fn descriptor(pairs: &[(&str, &str)]) -> pb::RateLimitDescriptor {
+    pb::RateLimitDescriptor {
+        entries: pairs
+            .iter()
+            .map(|(key, value)| desc::Entry {
+                key: (*key).into(),
+                value: (*value).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn request(domain: &str, descriptors: &[&[(&str, &str)]]) -> pb::RateLimitRequest {
+    pb::RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors.iter().map(|pairs| descriptor(pairs)).collect(),
+        hits_addend: 0,
+    }
+}
+
+// === response readers ===
+
+pub const OK: i32 = rls::Code::Ok as i32;
+pub const OVER: i32 = rls::Code::OverLimit as i32;
+
+/// A status as `(code, requests_per_unit/unit or "-", remaining, reset seconds or -1)`.
+pub fn shape(status: &rls::DescriptorStatus) -> (i32, String, u32, i64) {
+    let limit = status.current_limit.as_ref().map_or("-".to_owned(), |limit| {
+        let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("?", |u| u.as_str_name());
+        format!("{}/{}", limit.requests_per_unit, unit)
+    });
+    let reset = status.duration_until_reset.as_ref().map_or(-1, |d| d.seconds);
+    (status.code, limit, status.limit_remaining, reset)
+}
+
+pub fn shapes(response: &pb::RateLimitResponse) -> Vec<(i32, String, u32, i64)> {
+    response.statuses.iter().map(shape).collect()
+}
+
+pub fn limited(code: i32, limit: &str, remaining: u32, reset: i64) -> (i32, String, u32, i64) {
+    (code, limit.to_owned(), remaining, reset)
+}
+
+// === child processes ===
+
+/// A `tollgate` child process, killed on drop.
+pub struct ChildGuard(pub Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn tollgate_bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port()
+}
+
+pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
+    let child = tollgate_bin()
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}"), "--http-addr", &format!("127.0.0.1:{http}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tollgate serve");
+    ChildGuard(child)
+}

@@ -14,13 +14,22 @@ use crate::server::Options;
 use crate::storage::StoreSpec;
 
 #[derive(Debug, Parser)]
-#[command(name = "tollgate", version, about = "A rate-limit decision service for Envoy and gRPC clients")]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A rate-limit decision service for Envoy and gRPC clients"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
 
     /// Log filter (e.g. `info`, `tollgate=debug`); `RUST_LOG` wins when set.
-    #[arg(long, env = "TOLLGATE_LOG_LEVEL", default_value = "info", global = true)]
+    #[arg(
+        long,
+        env = "TOLLGATE_LOG_LEVEL",
+        default_value = "info",
+        global = true
+    )]
     pub log_level: String,
 }
 
@@ -188,7 +197,12 @@ mod tests {
         };
         assert_eq!(args.grpc_addr.port(), 8081);
         assert_eq!(args.http_addr.port(), 8080);
-        assert_eq!(args.store_spec().unwrap(), StoreSpec::Memory { max_keys: 1_000_000 });
+        assert_eq!(
+            args.store_spec().unwrap(),
+            StoreSpec::Memory {
+                max_keys: 1_000_000
+            }
+        );
         assert_eq!(args.charge(), Charge::IfAllowed);
         assert_eq!(args.options().input_limits, InputLimits::default());
     }
@@ -196,8 +210,18 @@ mod tests {
     #[test]
     fn flags_parse_and_unknown_stores_are_refused() {
         let cli = Cli::try_parse_from([
-            "tollgate", "serve", "--config", "cfg", "--count-denied", "--shadow-mode",
-            "--max-descriptors", "8", "--drain-timeout", "2s", "--store", "etcd://x",
+            "tollgate",
+            "serve",
+            "--config",
+            "cfg",
+            "--count-denied",
+            "--shadow-mode",
+            "--max-descriptors",
+            "8",
+            "--drain-timeout",
+            "2s",
+            "--store",
+            "etcd://x",
         ])
         .unwrap();
         let Command::Serve(args) = cli.command else {
@@ -216,8 +240,14 @@ mod tests {
     #[test]
     fn query_takes_repeated_descriptors() {
         let cli = Cli::try_parse_from([
-            "tollgate", "query", "--domain", "api", "--descriptor", "user=alice",
-            "--descriptor", "user=bob,path=/x",
+            "tollgate",
+            "query",
+            "--domain",
+            "api",
+            "--descriptor",
+            "user=alice",
+            "--descriptor",
+            "user=bob,path=/x",
         ])
         .unwrap();
         let Command::Query(args) = cli.command else {

@@ -92,13 +92,18 @@ pub enum RequestError {
     },
     #[error("{field}: {hits} is over the limit of {max}")]
     HitsTooLarge { field: String, hits: u64, max: u64 },
-    #[error("descriptors[{descriptor}].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got {unit}")]
+    #[error(
+        "descriptors[{descriptor}].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got {unit}"
+    )]
     BadOverrideUnit { descriptor: usize, unit: i32 },
 }
 
 impl Request {
     /// Validates a protobuf request against `limits`.
-    pub fn from_pb(request: pb::RateLimitRequest, limits: &InputLimits) -> Result<Self, RequestError> {
+    pub fn from_pb(
+        request: pb::RateLimitRequest,
+        limits: &InputLimits,
+    ) -> Result<Self, RequestError> {
         check_domain(&request.domain, limits)?;
         if request.descriptors.is_empty() {
             return Err(RequestError::NoDescriptors);
@@ -256,7 +261,10 @@ mod tests {
         }
     }
 
-    fn request(hits_addend: u32, descriptors: Vec<pb::RateLimitDescriptor>) -> pb::RateLimitRequest {
+    fn request(
+        hits_addend: u32,
+        descriptors: Vec<pb::RateLimitDescriptor>,
+    ) -> pb::RateLimitRequest {
         pb::RateLimitRequest {
             domain: "d".into(),
             descriptors,
@@ -275,13 +283,17 @@ mod tests {
     #[test]
     fn descriptor_hits_addend_wins_even_when_zero_and_request_zero_means_one() {
         let parsed = Request::from_pb(
-            request(0, vec![descriptor(None), descriptor(Some(0)), descriptor(Some(7))]),
+            request(
+                0,
+                vec![descriptor(None), descriptor(Some(0)), descriptor(Some(7))],
+            ),
             &InputLimits::default(),
         )
         .unwrap();
         let hits: Vec<u64> = parsed.descriptors.iter().map(|d| d.hits).collect();
         assert_eq!(hits, [1, 0, 7]);
-        let parsed = Request::from_pb(request(5, vec![descriptor(None)]), &InputLimits::default()).unwrap();
+        let parsed =
+            Request::from_pb(request(5, vec![descriptor(None)]), &InputLimits::default()).unwrap();
         assert_eq!(parsed.descriptors[0].hits, 5);
     }
 
@@ -291,11 +303,15 @@ mod tests {
         let mut empty_domain = request(0, vec![descriptor(None)]);
         empty_domain.domain.clear();
         assert_eq!(
-            Request::from_pb(empty_domain, &limits).unwrap_err().to_string(),
+            Request::from_pb(empty_domain, &limits)
+                .unwrap_err()
+                .to_string(),
             "domain: must not be empty"
         );
         assert_eq!(
-            Request::from_pb(request(0, vec![]), &limits).unwrap_err().to_string(),
+            Request::from_pb(request(0, vec![]), &limits)
+                .unwrap_err()
+                .to_string(),
             "descriptors: must not be empty"
         );
         let mut empty_key = descriptor(None);
@@ -322,7 +338,9 @@ mod tests {
             unit: 0,
         });
         assert_eq!(
-            Request::from_pb(request(0, vec![bad]), &InputLimits::default()).unwrap_err().to_string(),
+            Request::from_pb(request(0, vec![bad]), &InputLimits::default())
+                .unwrap_err()
+                .to_string(),
             "descriptors[0].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got 0"
         );
         let mut good = descriptor(None);
@@ -331,6 +349,9 @@ mod tests {
             unit: 4,
         });
         let parsed = Request::from_pb(request(0, vec![good]), &InputLimits::default()).unwrap();
-        assert_eq!(parsed.descriptors[0].limit_override, Some(Limit::new(5, Unit::Day)));
+        assert_eq!(
+            parsed.descriptors[0].limit_override,
+            Some(Limit::new(5, Unit::Day))
+        );
     }
 }

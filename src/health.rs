@@ -13,7 +13,11 @@ use crate::storage::CounterStore;
 
 /// The gRPC health service names that reflect readiness: the server as a whole, the name the
 /// reference registers, and the RLS service's full name.
-pub const SERVICE_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+pub const SERVICE_NAMES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
 
 #[derive(Clone)]
 pub struct Health {
@@ -72,7 +76,9 @@ pub async fn probe_store(health: Health, store: Arc<dyn CounterStore>, every: Du
     let mut ticks = tokio::time::interval(every);
     while !health.shutting_down.load(Ordering::SeqCst) {
         ticks.tick().await;
-        let ok = tokio::time::timeout(every, store.ping()).await.is_ok_and(|ping| ping.is_ok());
+        let ok = tokio::time::timeout(every, store.ping())
+            .await
+            .is_ok_and(|ping| ping.is_ok());
         if health.shutting_down.load(Ordering::SeqCst) {
             return;
         }

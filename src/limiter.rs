@@ -67,12 +67,20 @@ pub struct RateLimiter {
 enum Resolved<'r> {
     NoLimit,
     Unlimited,
-    Limited { limit: Limit, rule: Option<&'r Rule>, hit: usize },
+    Limited {
+        limit: Limit,
+        rule: Option<&'r Rule>,
+        hit: usize,
+    },
 }
 
 impl RateLimiter {
     pub fn new(rules: Arc<ArcSwap<RuleSet>>, store: Arc<dyn CounterStore>, modes: Modes) -> Self {
-        Self { rules, store, modes }
+        Self {
+            rules,
+            store,
+            modes,
+        }
     }
 
     /// The rules currently in force.
@@ -89,7 +97,9 @@ impl RateLimiter {
             .descriptors
             .iter()
             .zip(&matches)
-            .map(|(descriptor, found)| self.resolve(request, descriptor, found, &replaced, &mut hits))
+            .map(|(descriptor, found)| {
+                self.resolve(request, descriptor, found, &replaced, &mut hits)
+            })
             .collect();
         let outcomes = if hits.is_empty() {
             Vec::new()
@@ -141,9 +151,17 @@ impl RateLimiter {
                 (limit.clone(), Some(rule), role)
             }
         };
-        let role = if self.modes.global_shadow { Role::Shadow } else { role };
+        let role = if self.modes.global_shadow {
+            Role::Shadow
+        } else {
+            role
+        };
         let shared = match found {
-            Found::Rule(found) => found.nodes.iter().map(|node| node.share_threshold.then(|| node.selector.text())).collect(),
+            Found::Rule(found) => found
+                .nodes
+                .iter()
+                .map(|node| node.share_threshold.then(|| node.selector.text()))
+                .collect(),
             _ => Vec::new(),
         };
         let entries = descriptor.entries.iter().enumerate().map(|(index, entry)| {
@@ -177,7 +195,13 @@ impl RateLimiter {
         let mut quota_over = 0;
         let mut over = false;
         for (status, found) in statuses.iter().zip(matches) {
-            let is_over = matches!(status, DescriptorStatus::Limited { code: Code::OverLimit, .. });
+            let is_over = matches!(
+                status,
+                DescriptorStatus::Limited {
+                    code: Code::OverLimit,
+                    ..
+                }
+            );
             let is_quota = matches!(found, Found::Rule(m) if m.rule.quota_mode);
             if is_quota {
                 quota += 1;
@@ -205,7 +229,11 @@ enum Found<'r> {
 
 fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> Vec<Found<'r>> {
     let Some(domain) = rules.domain(&request.domain) else {
-        return request.descriptors.iter().map(|_| Found::NoDomain).collect();
+        return request
+            .descriptors
+            .iter()
+            .map(|_| Found::NoDomain)
+            .collect();
     };
     request
         .descriptors

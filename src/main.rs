@@ -40,7 +40,11 @@ fn check(dir: &std::path::Path) -> ExitCode {
 }
 
 async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
-    let descriptors = args.descriptors.iter().map(|d| query::parse_descriptor(d)).collect::<Result<_, _>>()?;
+    let descriptors = args
+        .descriptors
+        .iter()
+        .map(|d| query::parse_descriptor(d))
+        .collect::<Result<_, _>>()?;
     let request = pb::RateLimitRequest {
         domain: args.domain,
         descriptors,

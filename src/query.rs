@@ -34,7 +34,10 @@ pub fn parse_descriptor(text: &str) -> Result<pb::RateLimitDescriptor, QueryErro
 }
 
 /// Sends the request and returns the response.
-pub async fn call(addr: String, request: pb::RateLimitRequest) -> Result<pb::RateLimitResponse, QueryError> {
+pub async fn call(
+    addr: String,
+    request: pb::RateLimitRequest,
+) -> Result<pb::RateLimitResponse, QueryError> {
     let mut client = pb::RateLimitServiceClient::connect(addr).await?;
     Ok(client.should_rate_limit(request).await?.into_inner())
 }
@@ -43,12 +46,20 @@ pub async fn call(addr: String, request: pb::RateLimitRequest) -> Result<pb::Rat
 pub fn render(request: &pb::RateLimitRequest, response: &pb::RateLimitResponse) -> String {
     let mut out = String::new();
     for (descriptor, status) in request.descriptors.iter().zip(&response.statuses) {
-        let entries: Vec<String> = descriptor.entries.iter().map(|e| format!("{}={}", e.key, e.value)).collect();
+        let entries: Vec<String> = descriptor
+            .entries
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
         let _ = write!(out, "{}: {}", entries.join(","), code(status.code));
         match &status.current_limit {
             Some(limit) => {
-                let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("UNKNOWN", |u| u.as_str_name());
-                let reset = status.duration_until_reset.as_ref().map_or(0, |d| d.seconds);
+                let unit = rls::rate_limit::Unit::try_from(limit.unit)
+                    .map_or("UNKNOWN", |u| u.as_str_name());
+                let reset = status
+                    .duration_until_reset
+                    .as_ref()
+                    .map_or(0, |d| d.seconds);
                 let _ = write!(
                     out,
                     " limit={}/{} remaining={} reset={reset}s",

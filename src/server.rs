@@ -77,12 +77,16 @@ pub enum ServerError {
 /// The gRPC routes: RLS v3 and gRPC health.
 pub fn grpc_router(
     service: RlsService,
-    health_service: tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    health_service: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
     max_request_bytes: usize,
 ) -> Router {
     tonic::transport::Server::builder()
         .add_service(health_service)
-        .add_service(RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes))
+        .add_service(
+            RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
+        )
 }
 
 /// Serves until `shutdown` resolves, then drains (see the module docs).
@@ -98,7 +102,11 @@ pub async fn run(
     let service = RlsService::new(Arc::clone(&limiter), options.input_limits);
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
-    let probe = tokio::spawn(health::probe_store(health.clone(), store, options.probe_every));
+    let probe = tokio::spawn(health::probe_store(
+        health.clone(),
+        store,
+        options.probe_every,
+    ));
 
     let (stop, stopped) = watch::channel(false);
     let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));

@@ -28,7 +28,10 @@ impl RlsService {
     }
 
     /// Validates, decides and encodes one request; shared by gRPC and `POST /json`.
-    pub async fn decide(&self, request: pb::RateLimitRequest) -> Result<pb::RateLimitResponse, Error> {
+    pub async fn decide(
+        &self,
+        request: pb::RateLimitRequest,
+    ) -> Result<pb::RateLimitResponse, Error> {
         let request = descriptor::Request::from_pb(request, &self.input_limits)?;
         let decision = self.limiter.should_rate_limit(&request).await?;
         Ok(encode(decision))

@@ -1,5 +1,7 @@
 //! The HTTP admin endpoints and health, over real listeners.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -36,15 +38,22 @@ async fn json_maps_ok_to_200_over_limit_to_429_and_bad_input_to_400() {
         server.http("POST", "/json", body).await,
         (429, r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":1,"unit":"DAY"},"durationUntilReset":"84178s"}]}"#.to_owned())
     );
-    let unlimited = r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"free","value":"x"}]}]}"#;
+    let unlimited =
+        r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"free","value":"x"}]}]}"#;
     assert_eq!(
         server.http("POST", "/json", unlimited).await,
-        (200, r#"{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":4294967295}]}"#.to_owned())
+        (
+            200,
+            r#"{"overallCode":"OK","statuses":[{"code":"OK","limitRemaining":4294967295}]}"#
+                .to_owned()
+        )
     );
     assert_eq!(server.http("POST", "/json", "").await.0, 400);
     assert_eq!(server.http("POST", "/json", "{not json").await.0, 400);
     assert_eq!(
-        server.http("POST", "/json", r#"{"domain":"","descriptors":[]}"#).await,
+        server
+            .http("POST", "/json", r#"{"domain":"","descriptors":[]}"#)
+            .await,
         (400, "bad request: domain: must not be empty\n".to_owned())
     );
 }
@@ -64,7 +73,10 @@ async fn config_lists_one_line_per_limit() {
     );
 }
 
-async fn grpc_health(server_addr: std::net::SocketAddr, service: &str) -> Result<i32, tonic::Status> {
+async fn grpc_health(
+    server_addr: std::net::SocketAddr,
+    service: &str,
+) -> Result<i32, tonic::Status> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{server_addr}"))
         .expect("uri")
         .connect()
@@ -85,18 +97,40 @@ async fn health_serves_the_three_names_then_flips_to_not_serving_on_shutdown() {
         shutdown_delay: Duration::from_secs(2),
         ..Options::default()
     };
-    let mut server = start_with(&[("dummy.yaml", CONFIG)], Setup { options, ..Setup::default() }).await;
-    for name in ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"] {
-        assert_eq!(grpc_health(server.grpc, name).await.unwrap(), ServingStatus::Serving as i32, "{name:?}");
+    let mut server = start_with(
+        &[("dummy.yaml", CONFIG)],
+        Setup {
+            options,
+            ..Setup::default()
+        },
+    )
+    .await;
+    for name in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        assert_eq!(
+            grpc_health(server.grpc, name).await.unwrap(),
+            ServingStatus::Serving as i32,
+            "{name:?}"
+        );
     }
-    assert_eq!(server.http("GET", "/healthcheck", "").await, (200, "OK".to_owned()));
-    assert_eq!(server.http("GET", "/healthz", "").await, (200, "OK".to_owned()));
+    assert_eq!(
+        server.http("GET", "/healthcheck", "").await,
+        (200, "OK".to_owned())
+    );
+    assert_eq!(
+        server.http("GET", "/healthz", "").await,
+        (200, "OK".to_owned())
+    );
 
     server.trigger_stop();
     // During the shutdown delay the listeners still answer, and say NOT_SERVING.
     let mut flipped = false;
     for _ in 0..100 {
-        if grpc_health(server.grpc, "ratelimit").await.unwrap() == ServingStatus::NotServing as i32 {
+        if grpc_health(server.grpc, "ratelimit").await.unwrap() == ServingStatus::NotServing as i32
+        {
             flipped = true;
             break;
         }
@@ -104,9 +138,15 @@ async fn health_serves_the_three_names_then_flips_to_not_serving_on_shutdown() {
     }
     assert!(flipped, "health never flipped");
     for name in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
-        assert_eq!(grpc_health(server.grpc, name).await.unwrap(), ServingStatus::NotServing as i32);
+        assert_eq!(
+            grpc_health(server.grpc, name).await.unwrap(),
+            ServingStatus::NotServing as i32
+        );
     }
-    assert_eq!(server.http("GET", "/healthcheck", "").await, (500, "NOT OK".to_owned()));
+    assert_eq!(
+        server.http("GET", "/healthcheck", "").await,
+        (500, "NOT OK".to_owned())
+    );
     assert_eq!(server.http("GET", "/readyz", "").await.0, 500);
     assert_eq!(server.http("GET", "/healthz", "").await.0, 200);
     // Decisions are still answered while draining.
@@ -136,7 +176,10 @@ async fn in_flight_calls_finish_when_shutdown_starts() {
     for call in calls {
         match call.await.unwrap() {
             Ok(response) => {
-                assert_eq!(shapes(&response.into_inner()), [limited(OK, "1/DAY", 0, 84_178)]);
+                assert_eq!(
+                    shapes(&response.into_inner()),
+                    [limited(OK, "1/DAY", 0, 84_178)]
+                );
                 answered += 1;
             }
             // Calls that had not reached the server before it stopped accepting are refused

@@ -1,6 +1,8 @@
 //! ShouldRateLimit over a real gRPC listener on 127.0.0.1, with the clock fixed at t = 2222 s
 //! (a minute window then has 58 s left, an hour 1378 s, a day 84178 s).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
@@ -70,7 +72,10 @@ async fn the_three_status_shapes() {
     assert_eq!(shapes(&unlimited), [limited(OK, "-", u32::MAX, -1)]);
     let limited_one = server.ok(request("api", &[&[("key2", "x")]])).await;
     assert_eq!(shapes(&limited_one), [limited(OK, "20/MINUTE", 19, 58)]);
-    assert_eq!(limited_one.statuses[0].current_limit.as_ref().unwrap().name, "");
+    assert_eq!(
+        limited_one.statuses[0].current_limit.as_ref().unwrap().name,
+        ""
+    );
 }
 
 #[tokio::test]
@@ -78,16 +83,25 @@ async fn a_limit_of_n_admits_n_per_epoch_aligned_window() {
     let server = start(&[("api.yaml", API)]).await;
     let one = request("api", &[&[("user", "alice")]]);
     for remaining in [2, 1, 0] {
-        assert_eq!(shapes(&server.ok(one.clone()).await), [limited(OK, "3/MINUTE", remaining, 58)]);
+        assert_eq!(
+            shapes(&server.ok(one.clone()).await),
+            [limited(OK, "3/MINUTE", remaining, 58)]
+        );
     }
     let over = server.ok(one.clone()).await;
     assert_eq!(over.overall_code, OVER);
     assert_eq!(shapes(&over), [limited(OVER, "3/MINUTE", 0, 58)]);
     // Another user has a counter of their own.
-    assert_eq!(shapes(&server.ok(request("api", &[&[("user", "bob")]])).await), [limited(OK, "3/MINUTE", 2, 58)]);
+    assert_eq!(
+        shapes(&server.ok(request("api", &[&[("user", "bob")]])).await),
+        [limited(OK, "3/MINUTE", 2, 58)]
+    );
     // 58 s later a new minute starts (2280 = 38 × 60).
     server.clock.advance(58 * MICROS_PER_SECOND);
-    assert_eq!(shapes(&server.ok(one).await), [limited(OK, "3/MINUTE", 2, 60)]);
+    assert_eq!(
+        shapes(&server.ok(one).await),
+        [limited(OK, "3/MINUTE", 2, 60)]
+    );
 }
 
 #[tokio::test]
@@ -111,16 +125,31 @@ async fn hits_addend_descriptor_value_wins_even_zero_and_request_zero_means_one(
     let server = start(&[("api.yaml", API)]).await;
     let mut five = request("api", &[&[("key2", "h")]]);
     five.hits_addend = 5;
-    assert_eq!(shapes(&server.ok(five.clone()).await), [limited(OK, "20/MINUTE", 15, 58)]);
+    assert_eq!(
+        shapes(&server.ok(five.clone()).await),
+        [limited(OK, "20/MINUTE", 15, 58)]
+    );
     let mut own_two = five.clone();
     own_two.descriptors[0].hits_addend = Some(2);
-    assert_eq!(shapes(&server.ok(own_two).await), [limited(OK, "20/MINUTE", 13, 58)]);
+    assert_eq!(
+        shapes(&server.ok(own_two).await),
+        [limited(OK, "20/MINUTE", 13, 58)]
+    );
     let mut check_only = five.clone();
     check_only.descriptors[0].hits_addend = Some(0);
-    assert_eq!(shapes(&server.ok(check_only.clone()).await), [limited(OK, "20/MINUTE", 13, 58)]);
-    assert_eq!(shapes(&server.ok(check_only).await), [limited(OK, "20/MINUTE", 13, 58)]);
+    assert_eq!(
+        shapes(&server.ok(check_only.clone()).await),
+        [limited(OK, "20/MINUTE", 13, 58)]
+    );
+    assert_eq!(
+        shapes(&server.ok(check_only).await),
+        [limited(OK, "20/MINUTE", 13, 58)]
+    );
     let zero = request("api", &[&[("key2", "h")]]);
-    assert_eq!(shapes(&server.ok(zero).await), [limited(OK, "20/MINUTE", 12, 58)]);
+    assert_eq!(
+        shapes(&server.ok(zero).await),
+        [limited(OK, "20/MINUTE", 12, 58)]
+    );
 }
 
 #[tokio::test]
@@ -128,9 +157,15 @@ async fn a_request_over_its_hits_is_denied_without_consuming() {
     let server = start(&[("api.yaml", API)]).await;
     let mut big = request("api", &[&[("key2", "big")]]);
     big.hits_addend = 21;
-    assert_eq!(shapes(&server.ok(big).await), [limited(OVER, "20/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(big).await),
+        [limited(OVER, "20/MINUTE", 0, 58)]
+    );
     let one = request("api", &[&[("key2", "big")]]);
-    assert_eq!(shapes(&server.ok(one).await), [limited(OK, "20/MINUTE", 19, 58)]);
+    assert_eq!(
+        shapes(&server.ok(one).await),
+        [limited(OK, "20/MINUTE", 19, 58)]
+    );
 }
 
 #[tokio::test]
@@ -141,11 +176,20 @@ async fn overrides_apply_when_the_domain_exists() {
         requests_per_unit: 10,
         unit: 4, // DAY
     });
-    assert_eq!(shapes(&server.ok(with_override.clone()).await), [limited(OK, "10/DAY", 9, 84_178)]);
-    assert_eq!(shapes(&server.ok(with_override.clone()).await), [limited(OK, "10/DAY", 8, 84_178)]);
+    assert_eq!(
+        shapes(&server.ok(with_override.clone()).await),
+        [limited(OK, "10/DAY", 9, 84_178)]
+    );
+    assert_eq!(
+        shapes(&server.ok(with_override.clone()).await),
+        [limited(OK, "10/DAY", 8, 84_178)]
+    );
     let mut other_domain = with_override.clone();
     other_domain.domain = "nope".into();
-    assert_eq!(shapes(&server.ok(other_domain).await), [limited(OK, "-", 0, -1)]);
+    assert_eq!(
+        shapes(&server.ok(other_domain).await),
+        [limited(OK, "-", 0, -1)]
+    );
     let mut unknown_unit = with_override;
     unknown_unit.descriptors[0].limit = Some(RateLimitOverride {
         requests_per_unit: 10,
@@ -167,7 +211,10 @@ async fn replaced_limits_report_no_limit_and_are_not_counted() {
         let response = server.ok(both.clone()).await;
         assert_eq!(
             shapes(&response),
-            [limited(OK, "-", 0, -1), limited(OK, "3/MINUTE", remaining, 58)]
+            [
+                limited(OK, "-", 0, -1),
+                limited(OK, "3/MINUTE", remaining, 58)
+            ]
         );
     }
     // The replaced limit's counter was never touched: alone, it still admits one.
@@ -179,7 +226,10 @@ async fn replaced_limits_report_no_limit_and_are_not_counted() {
 async fn a_shadow_rule_reports_but_never_denies() {
     let server = start(&[("modes.yaml", MODES)]).await;
     let shadow = request("modes", &[&[("shadow", "x")]]);
-    assert_eq!(shapes(&server.ok(shadow.clone()).await), [limited(OK, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(shadow.clone()).await),
+        [limited(OK, "1/MINUTE", 0, 58)]
+    );
     let second = server.ok(shadow).await;
     assert_eq!(second.overall_code, OK);
     assert_eq!(shapes(&second), [limited(OK, "1/MINUTE", 0, 58)]);
@@ -210,30 +260,68 @@ async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over() {
     let both = request("modes", &[&[("quota1", "x")], &[("quota2", "x")]]);
     let first = server.ok(both.clone()).await;
     assert_eq!(first.overall_code, OK);
-    assert_eq!(shapes(&first), [limited(OK, "1/MINUTE", 0, 58), limited(OK, "2/MINUTE", 1, 58)]);
+    assert_eq!(
+        shapes(&first),
+        [
+            limited(OK, "1/MINUTE", 0, 58),
+            limited(OK, "2/MINUTE", 1, 58)
+        ]
+    );
     let one_over = server.ok(both.clone()).await;
     assert_eq!(one_over.overall_code, OK);
-    assert_eq!(shapes(&one_over), [limited(OVER, "1/MINUTE", 0, 58), limited(OK, "2/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&one_over),
+        [
+            limited(OVER, "1/MINUTE", 0, 58),
+            limited(OK, "2/MINUTE", 0, 58)
+        ]
+    );
     let all_over = server.ok(both).await;
     assert_eq!(all_over.overall_code, OVER);
-    assert_eq!(shapes(&all_over), [limited(OVER, "1/MINUTE", 0, 58), limited(OVER, "2/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&all_over),
+        [
+            limited(OVER, "1/MINUTE", 0, 58),
+            limited(OVER, "2/MINUTE", 0, 58)
+        ]
+    );
     // A regular descriptor over limit makes the request over, whatever the quota says.
     let plain = request("modes", &[&[("plain", "y")]]);
     server.ok(plain).await;
-    let mixed = server.ok(request("modes", &[&[("plain", "y")], &[("quota1", "z")]])).await;
+    let mixed = server
+        .ok(request("modes", &[&[("plain", "y")], &[("quota1", "z")]]))
+        .await;
     assert_eq!(mixed.overall_code, OVER);
     // Nothing was consumed on the quota descriptor, so it still has its one hit.
-    assert_eq!(shapes(&mixed), [limited(OVER, "1/MINUTE", 0, 58), limited(OK, "1/MINUTE", 1, 58)]);
+    assert_eq!(
+        shapes(&mixed),
+        [
+            limited(OVER, "1/MINUTE", 0, 58),
+            limited(OK, "1/MINUTE", 1, 58)
+        ]
+    );
 }
 
 #[tokio::test]
 async fn a_rejected_request_consumes_nothing_on_its_other_descriptors() {
     let server = start(&[("api.yaml", API)]).await;
     let pair = request("api", &[&[("a", "1")], &[("b", "1")]]);
-    assert_eq!(shapes(&server.ok(pair.clone()).await), [limited(OK, "5/MINUTE", 4, 58), limited(OK, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(pair.clone()).await),
+        [
+            limited(OK, "5/MINUTE", 4, 58),
+            limited(OK, "1/MINUTE", 0, 58)
+        ]
+    );
     let rejected = server.ok(pair).await;
     assert_eq!(rejected.overall_code, OVER);
-    assert_eq!(shapes(&rejected), [limited(OK, "5/MINUTE", 4, 58), limited(OVER, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&rejected),
+        [
+            limited(OK, "5/MINUTE", 4, 58),
+            limited(OVER, "1/MINUTE", 0, 58)
+        ]
+    );
     let alone = server.ok(request("api", &[&[("a", "1")]])).await;
     assert_eq!(shapes(&alone), [limited(OK, "5/MINUTE", 3, 58)]);
 }
@@ -251,7 +339,13 @@ async fn count_denied_counts_every_descriptor_like_the_reference() {
     let pair = request("api", &[&[("a", "1")], &[("b", "1")]]);
     server.ok(pair.clone()).await;
     let rejected = server.ok(pair).await;
-    assert_eq!(shapes(&rejected), [limited(OK, "5/MINUTE", 3, 58), limited(OVER, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&rejected),
+        [
+            limited(OK, "5/MINUTE", 3, 58),
+            limited(OVER, "1/MINUTE", 0, 58)
+        ]
+    );
     let alone = server.ok(request("api", &[&[("a", "1")]])).await;
     assert_eq!(shapes(&alone), [limited(OK, "5/MINUTE", 2, 58)]);
 }
@@ -269,11 +363,20 @@ async fn the_reference_two_descriptor_scenario_freezes_the_passing_counter() {
             assert_eq!(response.overall_code, OK, "call {call}");
             assert_eq!(
                 shapes(&response),
-                [limited(OK, "20/MINUTE", 20 - call, 58), limited(OK, "10/HOUR", 10 - call, 1378)]
+                [
+                    limited(OK, "20/MINUTE", 20 - call, 58),
+                    limited(OK, "10/HOUR", 10 - call, 1378)
+                ]
             );
         } else {
             assert_eq!(response.overall_code, OVER, "call {call}");
-            assert_eq!(shapes(&response), [limited(OK, "20/MINUTE", 10, 58), limited(OVER, "10/HOUR", 0, 1378)]);
+            assert_eq!(
+                shapes(&response),
+                [
+                    limited(OK, "20/MINUTE", 10, 58),
+                    limited(OVER, "10/HOUR", 0, 1378)
+                ]
+            );
         }
     }
 }
@@ -282,13 +385,19 @@ async fn the_reference_two_descriptor_scenario_freezes_the_passing_counter() {
 async fn share_threshold_shares_one_counter_and_plain_wildcards_do_not() {
     let server = start(&[("api.yaml", API)]).await;
     for _ in 0..10 {
-        server.ok(request("api", &[&[("files", "files/a.pdf")]])).await;
+        server
+            .ok(request("api", &[&[("files", "files/a.pdf")]]))
+            .await;
     }
-    let shared = server.ok(request("api", &[&[("files", "files/b.csv")]])).await;
+    let shared = server
+        .ok(request("api", &[&[("files", "files/b.csv")]]))
+        .await;
     assert_eq!(shapes(&shared), [limited(OVER, "10/HOUR", 0, 1378)]);
     for n in 0..10 {
         let unique = format!("files_no_share/{n}");
-        let response = server.ok(request("api", &[&[("files_no_share", &unique)]])).await;
+        let response = server
+            .ok(request("api", &[&[("files_no_share", &unique)]]))
+            .await;
         assert_eq!(shapes(&response), [limited(OK, "10/HOUR", 9, 1378)]);
     }
 }
@@ -313,7 +422,11 @@ async fn two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty() {
     let client = server.client().await;
     let calls = (0..200).map(|_| {
         let mut client = client.clone();
-        tokio::spawn(async move { client.should_rate_limit(request("hot", &[&[("k", "v")]])).await })
+        tokio::spawn(async move {
+            client
+                .should_rate_limit(request("hot", &[&[("k", "v")]]))
+                .await
+        })
     });
     let mut admitted = 0;
     let mut denied = 0;
@@ -332,13 +445,25 @@ async fn two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty() {
 async fn malformed_requests_are_invalid_argument_naming_the_field() {
     let server = start(&[("api.yaml", API)]).await;
     let cases = [
-        (request("", &[&[("user", "x")]]), "domain: must not be empty"),
+        (
+            request("", &[&[("user", "x")]]),
+            "domain: must not be empty",
+        ),
         (request("api", &[]), "descriptors: must not be empty"),
-        (request("api", &[&[("user", "x")], &[("", "x")]]), "descriptors[1].entries[0].key: must not be empty"),
-        (request("api", &[&[]]), "descriptors[0].entries: must not be empty"),
+        (
+            request("api", &[&[("user", "x")], &[("", "x")]]),
+            "descriptors[1].entries[0].key: must not be empty",
+        ),
+        (
+            request("api", &[&[]]),
+            "descriptors[0].entries: must not be empty",
+        ),
     ];
     for (bad, message) in cases {
         let error = server.call(bad).await.unwrap_err();
-        assert_eq!((error.code(), error.message()), (Code::InvalidArgument, message));
+        assert_eq!(
+            (error.code(), error.message()),
+            (Code::InvalidArgument, message)
+        );
     }
 }

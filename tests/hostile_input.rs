@@ -1,6 +1,8 @@
 //! No request can crash or hang the server: oversized, numerous and odd inputs each get an
 //! answer or INVALID_ARGUMENT, and the server keeps serving afterwards.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::*;
@@ -16,9 +18,18 @@ async fn oversized_and_numerous_inputs_get_invalid_argument() {
     let server = start(&[("h.yaml", PER_VALUE)]).await;
     let big = "x".repeat(64 * 1024);
     let cases: Vec<(pb::RateLimitRequest, &str)> = vec![
-        (request("h", &[&[("user", &big)]]), "descriptors[0].entries[0].value: 65536 bytes is over the limit of 4096"),
-        (request("h", &[&[(&big, "v")]]), "descriptors[0].entries[0].key: 65536 bytes is over the limit of 256"),
-        (request(&big, &[&[("user", "v")]]), "domain: 65536 bytes is over the limit of 4096"),
+        (
+            request("h", &[&[("user", &big)]]),
+            "descriptors[0].entries[0].value: 65536 bytes is over the limit of 4096",
+        ),
+        (
+            request("h", &[&[(&big, "v")]]),
+            "descriptors[0].entries[0].key: 65536 bytes is over the limit of 256",
+        ),
+        (
+            request(&big, &[&[("user", "v")]]),
+            "domain: 65536 bytes is over the limit of 4096",
+        ),
         (
             request("h", &vec![&[("user", "v")][..]; 1000]),
             "descriptors: 1000 descriptors is over the limit of 64",
@@ -30,15 +41,24 @@ async fn oversized_and_numerous_inputs_get_invalid_argument() {
     ];
     for (bad, message) in cases {
         let error = server.call(bad).await.unwrap_err();
-        assert_eq!((error.code(), error.message()), (Code::InvalidArgument, message));
+        assert_eq!(
+            (error.code(), error.message()),
+            (Code::InvalidArgument, message)
+        );
     }
     let mut huge_hits = request("h", &[&[("user", "v")]]);
     huge_hits.descriptors[0].hits_addend = Some(u64::MAX);
     let error = server.call(huge_hits).await.unwrap_err();
     assert_eq!(error.code(), Code::InvalidArgument);
-    assert_eq!(error.message(), "descriptors[0].hits_addend: 18446744073709551615 is over the limit of 1000000000");
+    assert_eq!(
+        error.message(),
+        "descriptors[0].hits_addend: 18446744073709551615 is over the limit of 1000000000"
+    );
     // Still serving.
-    assert_eq!(shapes(&server.ok(request("h", &[&[("user", "after")]])).await), [limited(OK, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(request("h", &[&[("user", "after")]])).await),
+        [limited(OK, "1/MINUTE", 0, 58)]
+    );
 }
 
 #[tokio::test]
@@ -51,15 +71,29 @@ async fn raised_bounds_admit_64_kib_values_and_1000_descriptors() {
         },
         ..Options::default()
     };
-    let server = start_with(&[("h.yaml", PER_VALUE)], Setup { options, ..Setup::default() }).await;
+    let server = start_with(
+        &[("h.yaml", PER_VALUE)],
+        Setup {
+            options,
+            ..Setup::default()
+        },
+    )
+    .await;
     let big = "x".repeat(64 * 1024);
-    assert_eq!(shapes(&server.ok(request("h", &[&[("user", &big)]])).await), [limited(OK, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(request("h", &[&[("user", &big)]])).await),
+        [limited(OK, "1/MINUTE", 0, 58)]
+    );
     let mut longer = big.clone();
     longer.pop();
     longer.push('y');
-    assert_eq!(shapes(&server.ok(request("h", &[&[("user", &longer)]])).await), [limited(OK, "1/MINUTE", 0, 58)]);
+    assert_eq!(
+        shapes(&server.ok(request("h", &[&[("user", &longer)]])).await),
+        [limited(OK, "1/MINUTE", 0, 58)]
+    );
     let values: Vec<String> = (0..1000).map(|n| format!("u{n}")).collect();
-    let descriptors: Vec<pb::RateLimitDescriptor> = values.iter().map(|v| descriptor(&[("user", v)])).collect();
+    let descriptors: Vec<pb::RateLimitDescriptor> =
+        values.iter().map(|v| descriptor(&[("user", v)])).collect();
     let many = pb::RateLimitRequest {
         domain: "h".into(),
         descriptors,
@@ -67,19 +101,47 @@ async fn raised_bounds_admit_64_kib_values_and_1000_descriptors() {
     };
     let response = server.ok(many).await;
     assert_eq!(response.statuses.len(), 1000);
-    assert!(response.statuses.iter().all(|s| shape(s) == limited(OK, "1/MINUTE", 0, 58)));
+    assert!(
+        response
+            .statuses
+            .iter()
+            .all(|s| shape(s) == limited(OK, "1/MINUTE", 0, 58))
+    );
 }
 
 #[tokio::test]
 async fn odd_characters_are_values_like_any_other_with_counters_of_their_own() {
     let server = start(&[("h.yaml", PER_VALUE)]).await;
-    let odd = ["{", "}", "{tag}", ":", "a:b", "_", "a_b", "\0", "a\0b", "ü", "日本語", "🦀", "", " "];
+    let odd = [
+        "{",
+        "}",
+        "{tag}",
+        ":",
+        "a:b",
+        "_",
+        "a_b",
+        "\0",
+        "a\0b",
+        "ü",
+        "日本語",
+        "🦀",
+        "",
+        " ",
+    ];
     for value in odd {
         let first = server.ok(request("h", &[&[("user", value)]])).await;
-        assert_eq!(shapes(&first), [limited(OK, "1/MINUTE", 0, 58)], "value {value:?}");
+        assert_eq!(
+            shapes(&first),
+            [limited(OK, "1/MINUTE", 0, 58)],
+            "value {value:?}"
+        );
     }
     for value in odd {
         let second = server.ok(request("h", &[&[("user", value)]])).await;
-        assert_eq!(shapes(&second), [limited(OVER, "1/MINUTE", 0, 58)], "value {value:?}");
+        assert_eq!(
+            shapes(&second),
+            [limited(OVER, "1/MINUTE", 0, 58)],
+            "value {value:?}"
+        );
     }
 }

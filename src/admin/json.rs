@@ -79,7 +79,9 @@ enum UnitName {
 pub fn decode_request(body: &[u8]) -> Result<pb::RateLimitRequest, String> {
     let request: JsonRequest = serde_json::from_slice(body).map_err(|error| error.to_string())?;
     let hits_addend = match &request.hits_addend {
-        Some(n) => u32::try_from(n.get("hitsAddend")?).map_err(|_| "hitsAddend: over 2^32-1".to_owned())?,
+        Some(n) => {
+            u32::try_from(n.get("hitsAddend")?).map_err(|_| "hitsAddend: over 2^32-1".to_owned())?
+        }
         None => 0,
     };
     let descriptors = request
@@ -104,8 +106,11 @@ fn decode_descriptor(descriptor: JsonDescriptor) -> Result<pb::RateLimitDescript
             },
             unit: match limit.unit {
                 Some(UnitName::Number(n)) => n,
-                Some(UnitName::Name(name)) => pb::envoy::r#type::v3::RateLimitUnit::from_str_name(&name)
-                    .ok_or_else(|| format!("limit.unit: unknown unit {name:?}"))? as i32,
+                Some(UnitName::Name(name)) => {
+                    pb::envoy::r#type::v3::RateLimitUnit::from_str_name(&name)
+                        .ok_or_else(|| format!("limit.unit: unknown unit {name:?}"))?
+                        as i32
+                }
                 None => 0,
             },
         }),
@@ -121,7 +126,10 @@ fn decode_descriptor(descriptor: JsonDescriptor) -> Result<pb::RateLimitDescript
             })
             .collect(),
         limit,
-        hits_addend: descriptor.hits_addend.map(|n| n.get("hitsAddend")).transpose()?,
+        hits_addend: descriptor
+            .hits_addend
+            .map(|n| n.get("hitsAddend"))
+            .transpose()?,
     })
 }
 
@@ -164,7 +172,8 @@ fn encode_status(status: &rls::DescriptorStatus) -> Value {
         if limit.requests_per_unit != 0 {
             current.insert("requestsPerUnit".into(), json!(limit.requests_per_unit));
         }
-        let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("UNKNOWN", |unit| unit.as_str_name());
+        let unit = rls::rate_limit::Unit::try_from(limit.unit)
+            .map_or("UNKNOWN", |unit| unit.as_str_name());
         current.insert("unit".into(), json!(unit));
         out.insert("currentLimit".into(), Value::Object(current));
     }
@@ -172,7 +181,10 @@ fn encode_status(status: &rls::DescriptorStatus) -> Value {
         out.insert("limitRemaining".into(), json!(status.limit_remaining));
     }
     if let Some(duration) = &status.duration_until_reset {
-        out.insert("durationUntilReset".into(), json!(format!("{}s", duration.seconds)));
+        out.insert(
+            "durationUntilReset".into(),
+            json!(format!("{}s", duration.seconds)),
+        );
     }
     Value::Object(out)
 }
@@ -201,7 +213,10 @@ mod tests {
     fn rejects_unknown_fields_and_bad_json() {
         assert!(decode_request(br#"{"domain":"d","bogus":1}"#).is_err());
         assert!(decode_request(b"").is_err());
-        assert!(decode_request(br#"{"domain":"d","descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#).is_err());
+        assert!(
+            decode_request(br#"{"domain":"d","descriptors":[{"limit":{"unit":"FORTNIGHT"}}]}"#)
+                .is_err()
+        );
     }
 
     #[test]
@@ -226,7 +241,10 @@ mod tests {
                         unit: rls::rate_limit::Unit::Minute as i32,
                     }),
                     limit_remaining: 0,
-                    duration_until_reset: Some(prost_types::Duration { seconds: 58, nanos: 0 }),
+                    duration_until_reset: Some(prost_types::Duration {
+                        seconds: 58,
+                        nanos: 0,
+                    }),
                     quota: None,
                 },
             ],

@@ -54,7 +54,9 @@ async fn readiness(State(admin): State<Admin>) -> (StatusCode, &'static str) {
 async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
     let request = match json::decode_request(&body) {
         Ok(request) => request,
-        Err(error) => return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response(),
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response();
+        }
     };
     match admin.service.decide(request).await {
         Ok(response) => {
@@ -69,9 +71,11 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
         Err(service::Error::Request(error)) => {
             (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response()
         }
-        Err(service::Error::Store(_)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "rate limit store unavailable\n").into_response()
-        }
+        Err(service::Error::Store(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "rate limit store unavailable\n",
+        )
+            .into_response(),
     }
 }
 

@@ -89,7 +89,14 @@ mod tests {
     fn reset_is_the_time_to_the_epoch_aligned_window_end() {
         let (_, outcome) = decide(State::default(), at(2222), 10, MINUTE, 1, Charge::IfAllowed);
         assert_eq!(outcome.reset_after, at(58));
-        let (_, outcome) = decide(State::default(), at(2222) + 500_000, 10, MINUTE, 1, Charge::IfAllowed);
+        let (_, outcome) = decide(
+            State::default(),
+            at(2222) + 500_000,
+            10,
+            MINUTE,
+            1,
+            Charge::IfAllowed,
+        );
         assert_eq!(outcome.reset_after, at(57) + 500_000);
     }
 

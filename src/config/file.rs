@@ -33,8 +33,7 @@ struct RawDescriptor {
     detailed_metric: bool,
     #[serde(default)]
     value_to_metric: bool,
-    #[serde(default)]
-    share_threshold: bool,
+    share_threshold: Option<Spanned<bool>>,
     metadata: Option<Spanned<serde_json::Value>>,
     #[serde(default)]
     descriptors: Vec<Spanned<RawDescriptor>>,
@@ -70,9 +69,19 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainRules, ConfigError> {
     let domain = match raw.domain {
         Some(domain) if !domain.value.is_empty() => domain.value,
         Some(domain) => {
-            return Err(error(domain.referenced.line(), "domain".into(), "must not be empty".into()));
+            return Err(error(
+                domain.referenced.line(),
+                "domain".into(),
+                "must not be empty".into(),
+            ));
         }
-        None => return Err(error(1, "domain".into(), "missing; every file names its domain".into())),
+        None => {
+            return Err(error(
+                1,
+                "domain".into(),
+                "missing; every file names its domain".into(),
+            ));
+        }
     };
     let mut builder = Builder { file };
     let root = builder.level(&raw.descriptors, &format!("domain {domain:?}"), &domain)?;
@@ -127,14 +136,23 @@ fn yaml_path(path: &serde_path_to_error::Path) -> String {
 /// The YAML error's own message, without the location and source snippet that its `Display`
 /// adds (we print the location ourselves, in the `file:line:` form).
 fn yaml_reason(error: &serde_saphyr::Error) -> String {
-    if matches!(error.without_snippet(), serde_saphyr::Error::MultipleDocuments { .. }) {
+    if matches!(
+        error.without_snippet(),
+        serde_saphyr::Error::MultipleDocuments { .. }
+    ) {
         return "more than one YAML document; a config file holds exactly one domain".to_owned();
     }
     let text = error.without_snippet().to_string();
     let first_line = text.lines().next().unwrap_or_default();
-    match first_line.rfind(" at line ") {
-        Some(at) => first_line[..at].to_owned(),
-        None => first_line.to_owned(),
+    let reason = match first_line.rfind(" at line ") {
+        Some(at) => &first_line[..at],
+        None => first_line,
+    };
+    // Say what is expected in the config's terms rather than Rust's.
+    match reason {
+        "invalid u32" => "expected a whole number from 0 to 4294967295".to_owned(),
+        "invalid boolean" => "expected true or false".to_owned(),
+        other => other.to_owned(),
     }
 }
 
@@ -177,14 +195,26 @@ impl Builder<'_> {
         Ok(level)
     }
 
-    fn node(&mut self, raw: &RawDescriptor, here: &str, parent_stats: &str) -> Result<Node, ConfigError> {
+    fn node(
+        &mut self,
+        raw: &RawDescriptor,
+        here: &str,
+        parent_stats: &str,
+    ) -> Result<Node, ConfigError> {
         if raw.key.value.is_empty() {
-            return Err(self.error(raw.key.referenced.line(), format!("{here} > key"), "must not be empty"));
-        }
-        let selector = Selector::from_config(raw.value.as_ref().map(|v| v.value.as_str()));
-        if raw.share_threshold && !matches!(selector, Selector::Wildcard(_)) {
             return Err(self.error(
                 raw.key.referenced.line(),
+                format!("{here} > key"),
+                "must not be empty",
+            ));
+        }
+        let selector = Selector::from_config(raw.value.as_ref().map(|v| v.value.as_str()));
+        let share_threshold = raw.share_threshold.as_ref().is_some_and(|s| s.value);
+        if let Some(flag) = raw.share_threshold.as_ref().filter(|_| share_threshold)
+            && !matches!(selector, Selector::Wildcard(_))
+        {
+            return Err(self.error(
+                flag.referenced.line(),
                 format!("{here} > share_threshold"),
                 "only applies to a wildcard value (one containing '*')",
             ));
@@ -193,7 +223,7 @@ impl Builder<'_> {
             key: raw.key.value.clone(),
             selector,
             rule: None,
-            share_threshold: raw.share_threshold,
+            share_threshold,
             value_to_metric: raw.value_to_metric,
             children: Level::default(),
         };
@@ -203,7 +233,12 @@ impl Builder<'_> {
         Ok(node)
     }
 
-    fn rule(&mut self, raw: &RawDescriptor, here: &str, stats: &str) -> Result<Option<Rule>, ConfigError> {
+    fn rule(
+        &mut self,
+        raw: &RawDescriptor,
+        here: &str,
+        stats: &str,
+    ) -> Result<Option<Rule>, ConfigError> {
         let Some(rate_limit) = &raw.rate_limit else {
             return Ok(None);
         };
@@ -235,7 +270,11 @@ impl Builder<'_> {
         let replaces = self.replaces(&rate_limit.replaces, name.as_deref(), here)?;
         let metadata = match &raw.metadata {
             Some(metadata) if !metadata.value.is_object() => {
-                return Err(self.error(metadata.referenced.line(), format!("{here} > metadata"), "expected a map"));
+                return Err(self.error(
+                    metadata.referenced.line(),
+                    format!("{here} > metadata"),
+                    "expected a map",
+                ));
             }
             Some(metadata) => Some(metadata.value.clone()),
             None => None,
@@ -251,13 +290,22 @@ impl Builder<'_> {
         }))
     }
 
-    fn unit(&self, unit: Option<&Spanned<String>>, line: u64, here: &str) -> Result<Unit, ConfigError> {
+    fn unit(
+        &self,
+        unit: Option<&Spanned<String>>,
+        line: u64,
+        here: &str,
+    ) -> Result<Unit, ConfigError> {
         let expected = Unit::ALL.map(Unit::as_str).join("|");
         let path = format!("{here} > rate_limit.unit");
         match unit {
             None => Err(self.error(line, path, format!("missing; expected one of {expected}"))),
             Some(unit) => Unit::parse(&unit.value).ok_or_else(|| {
-                self.error(unit.referenced.line(), path, format!("expected one of {expected}, got {:?}", unit.value))
+                self.error(
+                    unit.referenced.line(),
+                    path,
+                    format!("expected one of {expected}, got {:?}", unit.value),
+                )
             }),
         }
     }
@@ -277,7 +325,11 @@ impl Builder<'_> {
                 if name.is_empty() {
                     Err(self.error(replace.referenced.line(), path, "must not be empty"))
                 } else if Some(name.as_str()) == own_name {
-                    Err(self.error(replace.referenced.line(), path, format!("a limit cannot replace itself ({name:?})")))
+                    Err(self.error(
+                        replace.referenced.line(),
+                        path,
+                        format!("a limit cannot replace itself ({name:?})"),
+                    ))
                 } else {
                     Ok(name.clone())
                 }

@@ -78,7 +78,11 @@ impl Level {
                 nodes.exact.insert(value.clone(), node);
             }
             Selector::Wildcard(pattern) => {
-                if nodes.wildcards.iter().any(|n| n.selector.pattern() == Some(pattern)) {
+                if nodes
+                    .wildcards
+                    .iter()
+                    .any(|n| n.selector.pattern() == Some(pattern))
+                {
                     return Err(DuplicateNode);
                 }
                 nodes.wildcards.push(node);

@@ -115,17 +115,41 @@ fn the_reference_basic_matching_table() {
     let d = rules(BASIC);
     expect(&d, &[("key1", "something")], None);
     expect(&d, &[("key1", "value1")], None);
-    expect(&d, &[("key1", "value1"), ("subkey1", "something")], Some(("5/second", "test-domain.key1_value1.subkey1")));
-    expect(&d, &[("key1", "value1"), ("subkey1", "subvalue1")], Some(("10/second", "test-domain.key1_value1.subkey1_subvalue1")));
-    expect(&d, &[("key2", "something")], Some(("20/minute", "test-domain.key2")));
-    expect(&d, &[("key2", "value2")], Some(("30/minute", "test-domain.key2_value2")));
+    expect(
+        &d,
+        &[("key1", "value1"), ("subkey1", "something")],
+        Some(("5/second", "test-domain.key1_value1.subkey1")),
+    );
+    expect(
+        &d,
+        &[("key1", "value1"), ("subkey1", "subvalue1")],
+        Some(("10/second", "test-domain.key1_value1.subkey1_subvalue1")),
+    );
+    expect(
+        &d,
+        &[("key2", "something")],
+        Some(("20/minute", "test-domain.key2")),
+    );
+    expect(
+        &d,
+        &[("key2", "value2")],
+        Some(("30/minute", "test-domain.key2_value2")),
+    );
     expect(&d, &[("key2", "value3")], None);
     expect(&d, &[("key2", "value2"), ("subkey", "subvalue")], None);
     expect(&d, &[("key5", "value5"), ("subkey5", "subvalue")], None);
     expect(&d, &[("key3", "foo")], Some(("1/hour", "test-domain.key3")));
     expect(&d, &[("key4", "foo")], Some(("1/day", "test-domain.key4")));
-    expect(&d, &[("key6", "foo")], Some(("unlimited", "test-domain.key6")));
-    expect(&d, &[("key7", "any")], Some(("70/minute", "test-domain.key7")));
+    expect(
+        &d,
+        &[("key6", "foo")],
+        Some(("unlimited", "test-domain.key6")),
+    );
+    expect(
+        &d,
+        &[("key7", "any")],
+        Some(("70/minute", "test-domain.key7")),
+    );
 }
 
 #[test]
@@ -133,26 +157,48 @@ fn a_limit_name_is_kept() {
     let d = rules(BASIC);
     let found = find(&d, &entries(&[("key4", "foo")])).unwrap();
     assert_eq!(found.rule.name(), Some("key4_rate_limit"));
-    let Policy::Limited(limit) = &found.rule.policy else { panic!("limited") };
+    let Policy::Limited(limit) = &found.rule.policy else {
+        panic!("limited")
+    };
     assert_eq!(limit.unit, Unit::Day);
 }
 
 #[test]
 fn the_reference_wildcard_expectations() {
     let d = rules(WILDCARD);
-    expect(&d, &[("wild", "foo1")], Some(("20/minute", "test-domain.wild_foo*")));
-    expect(&d, &[("wild", "foo2")], Some(("20/minute", "test-domain.wild_foo*")));
-    expect(&d, &[("wild", "foo")], Some(("20/minute", "test-domain.wild_foo*")));
+    expect(
+        &d,
+        &[("wild", "foo1")],
+        Some(("20/minute", "test-domain.wild_foo*")),
+    );
+    expect(
+        &d,
+        &[("wild", "foo2")],
+        Some(("20/minute", "test-domain.wild_foo*")),
+    );
+    expect(
+        &d,
+        &[("wild", "foo")],
+        Some(("20/minute", "test-domain.wild_foo*")),
+    );
     expect(&d, &[("wild", "bar")], None);
     expect(&d, &[("noWild", "foo1")], None);
     for value in ["barab", "bar123b", "barb"] {
-        expect(&d, &[("midWild", value)], Some(("22/minute", "test-domain.midWild_bar*b")));
+        expect(
+            &d,
+            &[("midWild", value)],
+            Some(("22/minute", "test-domain.midWild_bar*b")),
+        );
     }
     for value in ["bara", "xbarb"] {
         expect(&d, &[("midWild", value)], None);
     }
     for value in ["foo123bar456baz", "foobarbaz"] {
-        expect(&d, &[("multiWild", value)], Some(("23/minute", "test-domain.multiWild_foo*bar*baz")));
+        expect(
+            &d,
+            &[("multiWild", value)],
+            Some(("23/minute", "test-domain.multiWild_foo*bar*baz")),
+        );
     }
     for value in ["foo123baz", "bar456baz"] {
         expect(&d, &[("multiWild", value)], None);
@@ -167,10 +213,26 @@ fn the_reference_wildcard_expectations() {
 #[test]
 fn exact_beats_wildcard_beats_key_only_and_wildcards_go_in_config_order() {
     let d = rules(WILDCARD);
-    expect(&d, &[("catch", "exact")], Some(("1/minute", "test-domain.catch_exact")));
-    expect(&d, &[("catch", "other")], Some(("2/minute", "test-domain.catch_*")));
-    expect(&d, &[("catch", "")], Some(("2/minute", "test-domain.catch_*")));
-    expect(&d, &[("ordered", "abc")], Some(("4/minute", "test-domain.ordered_a*")));
+    expect(
+        &d,
+        &[("catch", "exact")],
+        Some(("1/minute", "test-domain.catch_exact")),
+    );
+    expect(
+        &d,
+        &[("catch", "other")],
+        Some(("2/minute", "test-domain.catch_*")),
+    );
+    expect(
+        &d,
+        &[("catch", "")],
+        Some(("2/minute", "test-domain.catch_*")),
+    );
+    expect(
+        &d,
+        &[("ordered", "abc")],
+        Some(("4/minute", "test-domain.ordered_a*")),
+    );
 }
 
 #[test]
@@ -192,7 +254,11 @@ descriptors:
 "#,
     );
     expect(&d, &[("remote_address", "1.2.3.4"), ("path", "/b")], None);
-    expect(&d, &[("remote_address", "5.6.7.8"), ("path", "/b")], Some(("2/second", "d.remote_address.path")));
+    expect(
+        &d,
+        &[("remote_address", "5.6.7.8"), ("path", "/b")],
+        Some(("2/second", "d.remote_address.path")),
+    );
 }
 
 #[test]

@@ -87,9 +87,9 @@ fn push_part(out: &mut String, marker: char, part: &str) {
 fn fnv1a64(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0100_0000_01b3;
-    bytes
-        .iter()
-        .fold(OFFSET, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(PRIME))
+    bytes.iter().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+    })
 }
 
 #[cfg(test)]
@@ -101,7 +101,7 @@ mod tests {
     fn key(domain: &str, entries: &[(&str, &str)]) -> String {
         counter_key(
             domain,
-            entries.iter().map(|(k, v)| (*k, EntryValue::Actual(*v))),
+            entries.iter().map(|(k, v)| (*k, EntryValue::Actual(v))),
             Algorithm::FixedWindow,
             MINUTE,
         )
@@ -120,14 +120,27 @@ mod tests {
     fn separators_in_client_bytes_cannot_merge_counters() {
         assert_ne!(key("d", &[("a", "b:c")]), key("d", &[("a:b", "c")]));
         assert_ne!(key("d", &[("a_b", "c")]), key("d", &[("a", "b_c")]));
-        assert_ne!(key("d", &[("a", "bk1:c")]), key("d", &[("a", "b"), ("c", "")]));
+        assert_ne!(
+            key("d", &[("a", "bk1:c")]),
+            key("d", &[("a", "b"), ("c", "")])
+        );
         assert_ne!(key("d_a", &[("b", "c")]), key("d", &[("a_b", "c")]));
     }
 
     #[test]
     fn shared_buckets_differ_from_a_client_value_equal_to_the_pattern() {
-        let shared = counter_key("d", [("f", EntryValue::Shared("x*"))], Algorithm::FixedWindow, MINUTE);
-        let actual = counter_key("d", [("f", EntryValue::Actual("x*"))], Algorithm::FixedWindow, MINUTE);
+        let shared = counter_key(
+            "d",
+            [("f", EntryValue::Shared("x*"))],
+            Algorithm::FixedWindow,
+            MINUTE,
+        );
+        let actual = counter_key(
+            "d",
+            [("f", EntryValue::Actual("x*"))],
+            Algorithm::FixedWindow,
+            MINUTE,
+        );
         assert_ne!(shared, actual);
     }
 
@@ -136,7 +149,11 @@ mod tests {
         let k = key("d", &[("user", "{slot}")]);
         let open = k.find('{').unwrap();
         let close = k.find('}').unwrap();
-        assert_eq!(close - open, 17, "the first {{…}} is tollgate's 16-hex-digit tag: {k}");
+        assert_eq!(
+            close - open,
+            17,
+            "the first {{…}} is tollgate's 16-hex-digit tag: {k}"
+        );
     }
 
     #[test]

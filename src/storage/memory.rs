@@ -46,7 +46,9 @@ pub struct MemoryStore {
 impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(LruCache::unbounded())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(LruCache::unbounded()))
+                .collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
             hasher: RandomState::new(),
             charge,
@@ -113,8 +115,10 @@ impl MemoryStore {
         let mut locked: Vec<usize> = shard_of_hit.clone();
         locked.sort_unstable();
         locked.dedup();
-        let mut guards: Vec<MutexGuard<'_, LruCache<CounterKey, Slot>>> =
-            locked.iter().map(|&index| lock(&self.shards[index])).collect();
+        let mut guards: Vec<MutexGuard<'_, LruCache<CounterKey, Slot>>> = locked
+            .iter()
+            .map(|&index| lock(&self.shards[index]))
+            .collect();
         let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
 
         let stored: Vec<Option<State>> = hits
@@ -170,7 +174,13 @@ fn decide_in_order(
             Some(before) => Some(decisions[before].state),
             None => stored[index],
         };
-        decisions.push(algorithm::decide(&hit.params, state.as_ref(), now, hit.hits, charge));
+        decisions.push(algorithm::decide(
+            &hit.params,
+            state.as_ref(),
+            now,
+            hit.hits,
+            charge,
+        ));
     }
     decisions
 }
@@ -224,7 +234,12 @@ mod tests {
     fn hit(user: &str, requests: u64, hits: u64, role: Role) -> Hit {
         let window = 60 * MICROS_PER_SECOND;
         Hit {
-            key: counter_key("d", [("user", EntryValue::Actual(user))], Algorithm::FixedWindow, window),
+            key: counter_key(
+                "d",
+                [("user", EntryValue::Actual(user))],
+                Algorithm::FixedWindow,
+                window,
+            ),
             params: Params {
                 algorithm: Algorithm::FixedWindow,
                 requests,
@@ -237,7 +252,10 @@ mod tests {
 
     fn store(max_keys: usize, charge: Charge) -> (MemoryStore, ManualClock) {
         let clock = ManualClock::at_seconds(1_000_020);
-        (MemoryStore::new(max_keys, charge, Arc::new(clock.clone())), clock)
+        (
+            MemoryStore::new(max_keys, charge, Arc::new(clock.clone())),
+            clock,
+        )
     }
 
     fn remaining(outcomes: &[Outcome]) -> Vec<(bool, u64)> {
@@ -248,9 +266,21 @@ mod tests {
     fn a_vetoed_request_consumes_nothing_anywhere() {
         let (store, clock) = store(100, Charge::IfAllowed);
         let now = clock.now();
-        let first = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        let first = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
         assert_eq!(remaining(&first), [(true, 4), (true, 0)]);
-        let vetoed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        let vetoed = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
         assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
         let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
         assert_eq!(remaining(&after), [(true, 3)]);
@@ -261,7 +291,13 @@ mod tests {
         let (store, clock) = store(100, Charge::Always);
         let now = clock.now();
         store.apply_now(&[hit("b", 1, 1, Role::Enforced)], now);
-        let vetoed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("b", 1, 1, Role::Enforced)], now);
+        let vetoed = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
         assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
         let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
         assert_eq!(remaining(&after), [(true, 3)]);
@@ -272,18 +308,40 @@ mod tests {
         let (store, clock) = store(100, Charge::IfAllowed);
         let now = clock.now();
         store.apply_now(&[hit("s", 0, 1, Role::Shadow)], now);
-        let shadowed = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("s", 0, 1, Role::Shadow)], now);
+        let shadowed = store.apply_now(
+            &[hit("a", 5, 1, Role::Enforced), hit("s", 0, 1, Role::Shadow)],
+            now,
+        );
         assert_eq!(remaining(&shadowed), [(true, 4), (false, 0)]);
-        let one_quota_over = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota), hit("q2", 5, 1, Role::Quota)], now);
-        assert_eq!(remaining(&one_quota_over), [(true, 3), (false, 0), (true, 4)]);
-        let all_quota_over = store.apply_now(&[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota)], now);
+        let one_quota_over = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("q1", 0, 1, Role::Quota),
+                hit("q2", 5, 1, Role::Quota),
+            ],
+            now,
+        );
+        assert_eq!(
+            remaining(&one_quota_over),
+            [(true, 3), (false, 0), (true, 4)]
+        );
+        let all_quota_over = store.apply_now(
+            &[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota)],
+            now,
+        );
         assert_eq!(remaining(&all_quota_over), [(true, 3), (false, 0)]);
     }
 
     #[test]
     fn the_same_counter_twice_in_one_request_counts_twice() {
         let (store, clock) = store(100, Charge::IfAllowed);
-        let outcomes = store.apply_now(&[hit("a", 2, 1, Role::Enforced), hit("a", 2, 1, Role::Enforced)], clock.now());
+        let outcomes = store.apply_now(
+            &[
+                hit("a", 2, 1, Role::Enforced),
+                hit("a", 2, 1, Role::Enforced),
+            ],
+            clock.now(),
+        );
         assert_eq!(remaining(&outcomes), [(true, 1), (true, 0)]);
     }
 

@@ -1,6 +1,6 @@
 //! Test helpers: an in-process tollgate on 127.0.0.1:0 with a hand-driven clock, a gRPC client,
 //! a tiny HTTP/1.1 client, request builders, and a guard for a `tollgate` child process.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -58,7 +58,9 @@ pub async fn start_with(files: &[(&str, &str)], setup: Setup) -> TestServer {
     let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
     let store = MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone())).start();
-    let listeners = Listeners::bind(loopback(), loopback()).await.expect("bind loopback");
+    let listeners = Listeners::bind(loopback(), loopback())
+        .await
+        .expect("bind loopback");
     let grpc = listeners.grpc.local_addr().expect("grpc addr");
     let http = listeners.http.local_addr().expect("http addr");
     let (stop, stopped) = oneshot::channel::<()>();
@@ -96,8 +98,15 @@ impl TestServer {
             .expect("connect")
     }
 
-    pub async fn call(&self, request: pb::RateLimitRequest) -> Result<pb::RateLimitResponse, tonic::Status> {
-        self.client().await.should_rate_limit(request).await.map(tonic::Response::into_inner)
+    pub async fn call(
+        &self,
+        request: pb::RateLimitRequest,
+    ) -> Result<pb::RateLimitResponse, tonic::Status> {
+        self.client()
+            .await
+            .should_rate_limit(request)
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     /// Calls and expects success.
@@ -152,7 +161,9 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
     );
     tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(addr).expect("connect http");
-        stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
         stream.write_all(request.as_bytes()).expect("write http");
         let mut response = String::new();
         stream.read_to_string(&mut response).expect("read http");
@@ -161,7 +172,10 @@ pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
             .nth(1)
             .and_then(|code| code.parse().ok())
             .expect("status line");
-        let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = response
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (status, body)
     })
     .await
@@ -198,11 +212,17 @@ pub const OVER: i32 = rls::Code::OverLimit as i32;
 
 /// A status as `(code, requests_per_unit/unit or "-", remaining, reset seconds or -1)`.
 pub fn shape(status: &rls::DescriptorStatus) -> (i32, String, u32, i64) {
-    let limit = status.current_limit.as_ref().map_or("-".to_owned(), |limit| {
-        let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("?", |u| u.as_str_name());
-        format!("{}/{}", limit.requests_per_unit, unit)
-    });
-    let reset = status.duration_until_reset.as_ref().map_or(-1, |d| d.seconds);
+    let limit = status
+        .current_limit
+        .as_ref()
+        .map_or("-".to_owned(), |limit| {
+            let unit = rls::rate_limit::Unit::try_from(limit.unit).map_or("?", |u| u.as_str_name());
+            format!("{}/{}", limit.requests_per_unit, unit)
+        });
+    let reset = status
+        .duration_until_reset
+        .as_ref()
+        .map_or(-1, |d| d.seconds);
     (status.code, limit, status.limit_remaining, reset)
 }
 
@@ -242,7 +262,12 @@ pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
     let child = tollgate_bin()
         .args(["serve", "--config"])
         .arg(config)
-        .args(["--grpc-addr", &format!("127.0.0.1:{grpc}"), "--http-addr", &format!("127.0.0.1:{http}")])
+        .args([
+            "--grpc-addr",
+            &format!("127.0.0.1:{grpc}"),
+            "--http-addr",
+            &format!("127.0.0.1:{http}"),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()

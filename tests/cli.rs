@@ -1,0 +1,85 @@
+//! The `tollgate` binary itself: `check`, and `serve` answering `query`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn run(args: &[&str]) -> Output {
+    tollgate_bin().args(args).output().expect("run tollgate")
+}
+
+#[test]
+fn check_accepts_the_example_config() {
+    let output = run(&["check", "examples/config"]);
+    assert_eq!(output.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "examples/config: ok, 2 domain(s)\n"
+    );
+}
+
+#[test]
+fn check_prints_file_line_path_reason_and_exits_1() {
+    let output = run(&["check", "tests/fixtures/config_errors/bad_unit"]);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "tests/fixtures/config_errors/bad_unit/api.yaml:6: domain \"api\" > descriptors[1] (key \"user\") > rate_limit.unit: expected one of second|minute|hour|day|week|month|year, got \"fortnight\"\n"
+    );
+}
+
+#[tokio::test]
+async fn serve_answers_query_ok_then_over_limit() {
+    let (grpc, http_port) = (free_port(), free_port());
+    let _server = spawn_serve(std::path::Path::new("examples/config"), grpc, http_port);
+    let http_addr = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = tokio::net::TcpStream::connect(http_addr).await.is_ok()
+            && http(http_addr, "GET", "/healthcheck", "").await.0 == 200;
+        if ready {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tollgate serve never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let addr = format!("http://127.0.0.1:{grpc}");
+    let query = || {
+        let output = run(&[
+            "query",
+            "--addr",
+            &addr,
+            "--domain",
+            "api",
+            "--descriptor",
+            "password_reset=alice",
+        ]);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    for remaining in [2, 1, 0] {
+        let printed = query();
+        let expected = format!("password_reset=alice: OK limit=3/DAY remaining={remaining} reset=");
+        assert!(printed.starts_with(&expected), "{printed}");
+        assert!(printed.ends_with("s\noverall: OK\n"), "{printed}");
+    }
+    let printed = query();
+    assert!(
+        printed.starts_with("password_reset=alice: OVER_LIMIT limit=3/DAY remaining=0 reset="),
+        "{printed}"
+    );
+    assert!(printed.ends_with("s\noverall: OVER_LIMIT\n"), "{printed}");
+}

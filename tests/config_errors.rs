@@ -1,0 +1,81 @@
+//! One test per config error message, each on a fixture directory under
+//! tests/fixtures/config_errors/: the message names the file, the line and the path.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+fn errors_of(case: &str) -> String {
+    let dir = Path::new("tests/fixtures/config_errors").join(case);
+    match tollgate::config::load_dir(&dir) {
+        Ok(_) => panic!("{case}: expected an error"),
+        Err(errors) => errors.to_string(),
+    }
+}
+
+macro_rules! config_error {
+    ($($case:ident => $expected:expr;)*) => {$(
+        #[test]
+        fn $case() {
+            let expected = format!(
+                "tests/fixtures/config_errors/{}/{}",
+                stringify!($case),
+                $expected
+            );
+            assert_eq!(errors_of(stringify!($case)), expected);
+        }
+    )*};
+}
+
+config_error! {
+    unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
+    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces";
+    yaml_syntax => "api.yaml:4: descriptors[0]: invalid indentation in multiline quoted scalar";
+    missing_domain => "api.yaml:1: domain: missing; every file names its domain";
+    empty_domain => "api.yaml:1: domain: must not be empty";
+    duplicate_domain => "b.yaml:1: domain \"api\": duplicate domain, already defined in tests/fixtures/config_errors/duplicate_domain/a.yaml";
+    empty_key => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > descriptors[0] (key \"\") > key: must not be empty";
+    duplicate_descriptor => "api.yaml:6: domain \"api\" > descriptors[1] (key \"user\"): duplicate descriptor: another one at this level has the same key and value (api.user_alice)";
+    bad_unit => "api.yaml:6: domain \"api\" > descriptors[1] (key \"user\") > rate_limit.unit: expected one of second|minute|hour|day|week|month|year, got \"fortnight\"";
+    missing_unit => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit: missing; expected one of second|minute|hour|day|week|month|year";
+    missing_requests_per_unit => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: missing; write 0 to deny every request";
+    unlimited_with_unit => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit: must not be set when unlimited is true";
+    empty_replaces => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.replaces[0].name: must not be empty";
+    replaces_itself => "api.yaml:9: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.replaces[0].name: a limit cannot replace itself (\"per_user\")";
+    share_threshold_without_wildcard => "api.yaml:5: domain \"api\" > descriptors[0] (key \"files\") > share_threshold: only applies to a wildcard value (one containing '*')";
+    metadata_not_a_map => "api.yaml:4: domain \"api\" > descriptors[0] (key \"user\") > metadata: expected a map";
+    negative_requests_per_unit => "api.yaml:4: descriptors[0].rate_limit.requests_per_unit: expected a whole number from 0 to 4294967295";
+    wrong_type => "api.yaml:4: descriptors[0].shadow_mode: expected true or false";
+    multiple_documents => "api.yaml:3: more than one YAML document; a config file holds exactly one domain";
+    one_bad_file_rejects_all => "bad.yaml:4: domain \"bad\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: missing; write 0 to deny every request";
+}
+
+#[test]
+fn a_missing_directory_is_an_error_naming_it() {
+    let errors = tollgate::config::load_dir(Path::new("tests/fixtures/no_such_dir")).unwrap_err();
+    assert_eq!(errors.0.len(), 1);
+    assert!(
+        errors
+            .to_string()
+            .starts_with("tests/fixtures/no_such_dir: cannot read: "),
+        "{errors}"
+    );
+}
+
+#[test]
+fn dot_entries_such_as_configmap_data_dirs_are_skipped_and_symlinks_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("..2026_11_21_00_00_00.1");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("api.yaml"), "domain: api\n").unwrap();
+    std::os::unix::fs::symlink(&data, dir.path().join("..data")).unwrap();
+    std::os::unix::fs::symlink(
+        dir.path().join("..data/api.yaml"),
+        dir.path().join("api.yaml"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not yaml").unwrap();
+    let rules = tollgate::config::load_dir(dir.path()).unwrap();
+    let names: Vec<&str> = rules.domains().iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["api"]);
+}

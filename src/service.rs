@@ -146,3 +146,102 @@ fn whole_seconds(duration: Micros) -> prost_types::Duration {
         nanos: 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Charge, Outcome};
+    use crate::clock::ManualClock;
+    use crate::limiter::Modes;
+    use crate::pb::RateLimitService as _;
+    use crate::storage::memory::MemoryStore;
+    use crate::storage::{CounterStore, Hit};
+    use arc_swap::ArcSwap;
+    use std::path::Path;
+
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+
+    struct DownStore;
+
+    #[tonic::async_trait]
+    impl CounterStore for DownStore {
+        async fn apply(&self, _: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+            Err(StoreError::Unavailable("connection refused".into()))
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            Err(StoreError::Unavailable("connection refused".into()))
+        }
+    }
+
+    fn service(store: Arc<dyn CounterStore>) -> RlsService {
+        let rules = crate::config::file::parse(Path::new("d.yaml"), RULES).unwrap();
+        let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
+        RlsService::new(
+            Arc::new(RateLimiter::new(rules, store, Modes::default())),
+            InputLimits::default(),
+        )
+    }
+
+    fn request(value: &str) -> pb::RateLimitRequest {
+        pb::RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![pb::RateLimitDescriptor {
+                entries: vec![pb::rate_limit_descriptor::Entry {
+                    key: "k".into(),
+                    value: value.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_handler_answers_with_the_limited_shape() {
+        let clock = ManualClock::at_seconds(2222);
+        let store = Arc::new(MemoryStore::new(100, Charge::IfAllowed, Arc::new(clock)));
+        let svc = service(store);
+        let response = svc
+            .should_rate_limit(Request::new(request("v")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, rls::Code::Ok as i32);
+        let status = &response.statuses[0];
+        assert_eq!(status.limit_remaining, 1);
+        assert_eq!(
+            status.duration_until_reset,
+            Some(prost_types::Duration {
+                seconds: 58,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            status
+                .current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((2, 2))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_is_unavailable_so_envoy_failure_mode_decides() {
+        let svc = service(Arc::new(DownStore));
+        let status = svc
+            .should_rate_limit(Request::new(request("v")))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "rate limit store unavailable");
+        // A descriptor that matches nothing never reaches the store.
+        let mut unmatched = request("v");
+        unmatched.descriptors[0].entries[0].key = "other".into();
+        let response = svc
+            .should_rate_limit(Request::new(unmatched))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, rls::Code::Ok as i32);
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Params};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 
 /// The unit of a window. Lengths follow envoyproxy/ratelimit: a month is 30 days and a year
@@ -68,11 +68,13 @@ impl fmt::Display for Unit {
     }
 }
 
-/// A limit: `requests_per_unit` per `unit`, counted by `algorithm`.
+/// A limit: `requests_per_unit` per `unit_multiplier` × `unit`, counted by `algorithm`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// Windows of several units (30 seconds, 5 minutes); 1 for the reference's limits.
+    pub unit_multiplier: u32,
     /// Reported on the wire as `current_limit.name`, and the target of `replaces`.
     pub name: Option<String>,
     pub algorithm: Algorithm,
@@ -83,13 +85,29 @@ impl Limit {
         Self {
             requests_per_unit,
             unit,
+            unit_multiplier: 1,
             name: None,
-            algorithm: Algorithm::FixedWindow,
+            algorithm: Algorithm::default(),
         }
     }
 
-    /// The window length in microseconds.
+    /// The window length in microseconds (the config bounds it well below overflow).
     pub fn window(&self) -> Micros {
-        self.unit.seconds() * MICROS_PER_SECOND
+        self.window_seconds().saturating_mul(MICROS_PER_SECOND)
+    }
+
+    pub fn window_seconds(&self) -> u64 {
+        self.unit
+            .seconds()
+            .saturating_mul(u64::from(self.unit_multiplier))
+    }
+
+    /// What the store is asked for this limit.
+    pub fn params(&self) -> Params {
+        Params {
+            algorithm: self.algorithm,
+            requests: u64::from(self.requests_per_unit),
+            window: self.window(),
+        }
     }
 }

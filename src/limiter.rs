@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::algorithm::Params;
+use crate::algorithm::Outcome;
 use crate::clock::Micros;
 use crate::descriptor::{Descriptor, Request};
 use crate::limit::Limit;
@@ -67,10 +67,11 @@ pub struct RateLimiter {
 enum Resolved<'r> {
     NoLimit,
     Unlimited,
+    /// Its limits, counted by the hits from `first_hit` on, one per limit.
     Limited {
-        limit: Limit,
+        limits: &'r [Limit],
         rule: Option<&'r Rule>,
-        hit: usize,
+        first_hit: usize,
     },
 }
 
@@ -126,29 +127,22 @@ impl RateLimiter {
         &self,
         request: &Request,
         descriptor: &Descriptor,
-        found: &Found<'r>,
+        found: &'r Found<'r>,
         replaced: &[&str],
         hits: &mut Vec<Hit>,
     ) -> Resolved<'r> {
-        let (limit, rule, role) = match found {
+        let (limits, rule, role) = match found {
             Found::NoDomain | Found::NoRule => return Resolved::NoLimit,
-            Found::Override(limit) => (limit.clone(), None, Role::Enforced),
+            Found::Override(limit) => (std::slice::from_ref(limit), None, Role::Enforced),
             Found::Rule(found) => {
                 let rule = found.rule;
-                if rule.name().is_some_and(|name| replaced.contains(&name)) {
+                if replaced.iter().any(|name| rule.is_named(name)) {
                     return Resolved::NoLimit;
                 }
-                let Policy::Limited(limit) = &rule.policy else {
+                let Policy::Limited(limits) = &rule.policy else {
                     return Resolved::Unlimited;
                 };
-                let role = if rule.shadow_mode {
-                    Role::Shadow
-                } else if rule.quota_mode {
-                    Role::Quota
-                } else {
-                    Role::Enforced
-                };
-                (limit.clone(), Some(rule), role)
+                (limits.as_slice(), Some(rule), role_of(rule))
             }
         };
         let role = if self.modes.global_shadow {
@@ -156,35 +150,25 @@ impl RateLimiter {
         } else {
             role
         };
-        let shared = match found {
-            Found::Rule(found) => found
-                .nodes
-                .iter()
-                .map(|node| node.share_threshold.then(|| node.selector.text()))
-                .collect(),
-            _ => Vec::new(),
-        };
-        let entries = descriptor.entries.iter().enumerate().map(|(index, entry)| {
-            let value = match shared.get(index).copied().flatten() {
-                Some(pattern) => EntryValue::Shared(pattern),
-                None => EntryValue::Actual(entry.value.as_str()),
-            };
-            (entry.key.as_str(), value)
-        });
-        hits.push(Hit {
-            key: keys::counter_key(&request.domain, entries, limit.algorithm, limit.window()),
-            params: Params {
-                algorithm: limit.algorithm,
-                requests: u64::from(limit.requests_per_unit),
-                window: limit.window(),
-            },
-            hits: descriptor.hits,
-            role,
-        });
+        let entries = identity(descriptor, found);
+        let first_hit = hits.len();
+        for limit in limits {
+            hits.push(Hit {
+                key: keys::counter_key(
+                    &request.domain,
+                    entries.iter().copied(),
+                    limit.algorithm,
+                    limit.window(),
+                ),
+                params: limit.params(),
+                hits: descriptor.hits,
+                role,
+            });
+        }
         Resolved::Limited {
-            limit,
+            limits,
             rule,
-            hit: hits.len() - 1,
+            first_hit,
         }
     }
 
@@ -258,12 +242,17 @@ fn replaced_names<'r>(matches: &[Found<'r>]) -> Vec<&'r str> {
         .collect()
 }
 
-fn status(resolved: Resolved<'_>, outcomes: &[crate::algorithm::Outcome]) -> DescriptorStatus {
+fn status(resolved: Resolved<'_>, outcomes: &[Outcome]) -> DescriptorStatus {
     match resolved {
         Resolved::NoLimit => DescriptorStatus::NoLimit,
         Resolved::Unlimited => DescriptorStatus::Unlimited,
-        Resolved::Limited { limit, rule, hit } => {
-            let outcome = outcomes[hit];
+        Resolved::Limited {
+            limits,
+            rule,
+            first_hit,
+        } => {
+            let own = &outcomes[first_hit..first_hit + limits.len()];
+            let (index, outcome) = reported(own);
             // A shadow rule reports its remaining count but never says OVER_LIMIT.
             let shadow = rule.is_some_and(|rule| rule.shadow_mode);
             let code = if outcome.allowed || shadow {
@@ -273,7 +262,7 @@ fn status(resolved: Resolved<'_>, outcomes: &[crate::algorithm::Outcome]) -> Des
             };
             DescriptorStatus::Limited {
                 code,
-                limit,
+                limit: limits[index].clone(),
                 remaining: outcome.remaining,
                 until_reset: if outcome.allowed {
                     outcome.reset_after
@@ -282,5 +271,58 @@ fn status(resolved: Resolved<'_>, outcomes: &[crate::algorithm::Outcome]) -> Des
                 },
             }
         }
+    }
+}
+
+/// Which of a descriptor's limits its status reports: the denying one that frees up last (the
+/// one the client must wait for), else the one with the least remaining.
+fn reported(outcomes: &[Outcome]) -> (usize, Outcome) {
+    let denied = outcomes
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| !o.allowed)
+        .max_by_key(|(index, o)| (o.retry_after, std::cmp::Reverse(*index)));
+    let chosen = denied.or_else(|| {
+        outcomes
+            .iter()
+            .enumerate()
+            .min_by_key(|(index, o)| (o.remaining, *index))
+    });
+    chosen.map_or((0, Outcome::default()), |(index, outcome)| {
+        (index, *outcome)
+    })
+}
+
+/// The counter identity of a descriptor: its entries, with a shared bucket's pattern in place
+/// of the value where the matched node has `share_threshold`.
+fn identity<'a>(
+    descriptor: &'a Descriptor,
+    found: &'a Found<'_>,
+) -> Vec<(&'a str, EntryValue<'a>)> {
+    descriptor
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| {
+            let shared = match found {
+                Found::Rule(found) => found.nodes.get(index).filter(|node| node.share_threshold),
+                _ => None,
+            };
+            let value = match shared {
+                Some(node) => EntryValue::Shared(node.selector.text()),
+                None => EntryValue::Actual(entry.value.as_str()),
+            };
+            (entry.key.as_str(), value)
+        })
+        .collect()
+}
+
+fn role_of(rule: &Rule) -> Role {
+    if rule.shadow_mode {
+        Role::Shadow
+    } else if rule.quota_mode {
+        Role::Quota
+    } else {
+        Role::Enforced
     }
 }

@@ -116,6 +116,7 @@ fn encode_status(status: DescriptorStatus) -> rls::DescriptorStatus {
                 name: limit.name.unwrap_or_default(),
                 requests_per_unit: limit.requests_per_unit,
                 unit: encode_unit(limit.unit) as i32,
+                unit_multiplier: (limit.unit_multiplier > 1).then_some(limit.unit_multiplier),
             }),
             limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
             duration_until_reset: Some(whole_seconds(until_reset)),

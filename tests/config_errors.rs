@@ -28,8 +28,8 @@ macro_rules! config_error {
 }
 
 config_error! {
-    unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
-    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces";
+    unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, rate_limits, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
+    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor";
     yaml_syntax => "api.yaml:4: descriptors[0]: invalid indentation in multiline quoted scalar";
     missing_domain => "api.yaml:1: domain: missing; every file names its domain";
     empty_domain => "api.yaml:1: domain: must not be empty";

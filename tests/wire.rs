@@ -49,6 +49,7 @@ fn expected_response() -> pb::RateLimitResponse {
                 name: "n".into(),
                 requests_per_unit: 10,
                 unit: rls::rate_limit::Unit::Week as i32,
+                unit_multiplier: None,
             }),
             limit_remaining: 3,
             duration_until_reset: Some(prost_types::Duration {

@@ -175,6 +175,9 @@ fn encode_status(status: &rls::DescriptorStatus) -> Value {
         let unit = rls::rate_limit::Unit::try_from(limit.unit)
             .map_or("UNKNOWN", |unit| unit.as_str_name());
         current.insert("unit".into(), json!(unit));
+        if let Some(multiplier) = limit.unit_multiplier {
+            current.insert("unitMultiplier".into(), json!(multiplier));
+        }
         out.insert("currentLimit".into(), Value::Object(current));
     }
     if status.limit_remaining != 0 {
@@ -239,6 +242,7 @@ mod tests {
                         name: String::new(),
                         requests_per_unit: 10,
                         unit: rls::rate_limit::Unit::Minute as i32,
+                        unit_multiplier: None,
                     }),
                     limit_remaining: 0,
                     duration_until_reset: Some(prost_types::Duration {

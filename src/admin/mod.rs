@@ -15,7 +15,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::algorithm::{Algorithm, Anchor};
 use crate::health::Health;
+use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 use crate::rules::{Level, Policy, RuleSet};
 use crate::service::{self, RlsService};
@@ -93,15 +95,47 @@ pub fn describe(rules: &RuleSet) -> String {
     out
 }
 
+/// `unit=MINUTE requests_per_unit=5`, then tollgate's extensions where they differ from the
+/// reference's defaults.
+fn describe_limit(limit: &Limit) -> String {
+    let mut out = format!(
+        "unit={} requests_per_unit={}",
+        limit.unit.as_str().to_uppercase(),
+        limit.requests_per_unit
+    );
+    if limit.unit_multiplier != 1 {
+        let _ = write!(out, " unit_multiplier={}", limit.unit_multiplier);
+    }
+    match limit.algorithm {
+        Algorithm::FixedWindow {
+            anchor: Anchor::Epoch,
+        } => {}
+        Algorithm::FixedWindow {
+            anchor: Anchor::FirstHit,
+        } => out.push_str(" algorithm=fixed_window anchor=first_hit"),
+        Algorithm::SlidingWindow => out.push_str(" algorithm=sliding_window"),
+        Algorithm::SlidingLog { min_interval } => {
+            let _ = write!(out, " algorithm=sliding_log min_interval={min_interval}us");
+        }
+        Algorithm::TokenBucket { burst } => {
+            let _ = write!(out, " algorithm=token_bucket burst={burst}");
+        }
+        Algorithm::Gcra { burst } => {
+            let _ = write!(out, " algorithm=gcra burst={burst}");
+        }
+    }
+    out
+}
+
 fn describe_level(level: &Level, out: &mut String) {
     for node in level.nodes() {
         if let Some(rule) = &node.rule {
             let limit = match &rule.policy {
-                Policy::Limited(limit) => format!(
-                    "unit={} requests_per_unit={}",
-                    limit.unit.as_str().to_uppercase(),
-                    limit.requests_per_unit
-                ),
+                Policy::Limited(limits) => limits
+                    .iter()
+                    .map(describe_limit)
+                    .collect::<Vec<_>>()
+                    .join(" + "),
                 Policy::Unlimited { .. } => "unlimited".to_owned(),
             };
             let _ = writeln!(

@@ -1,9 +1,10 @@
-//! Fixed window counter, as envoyproxy/ratelimit counts: windows aligned to the Unix epoch
-//! (`floor(now / window) * window`), a count per window, allowed while `count + hits <= limit`.
-//! A limit of 0 therefore denies everything. A check-only call (0 hits) is denied when the
-//! window is already used up, i.e. when one more hit would not be admitted.
+//! Fixed window counter, as envoyproxy/ratelimit counts: a count per window, allowed while
+//! `count + hits <= limit`, so a limit of 0 denies everything. Windows are aligned to the Unix
+//! epoch (`floor(now / window) * window`) or, with `anchor: first_hit`, start at a counter's
+//! first admitted hit. Guarantee: at most `limit` per window, but up to `2 × limit` in a
+//! window-long interval that straddles a boundary.
 
-use super::{Charge, Outcome};
+use super::{Anchor, Charge, Outcome};
 use crate::clock::Micros;
 
 /// The window the count belongs to, and the count.
@@ -14,54 +15,58 @@ pub struct State {
 }
 
 pub fn decide(
-    state: State,
+    state: Option<&State>,
     now: Micros,
     limit: u64,
     window: Micros,
+    anchor: Anchor,
     hits: u64,
     charge: Charge,
-) -> (State, Outcome) {
-    let window = window.max(1);
-    let window_start = now - now % window;
-    let count = if state.window_start == window_start {
-        state.count
+) -> (Option<State>, Outcome) {
+    let current = match state {
+        // `now` before the start (a clock stepping back) stays in the window: never reset early.
+        Some(state) if now < state.window_start.saturating_add(window) => *state,
+        _ => State {
+            window_start: match anchor {
+                Anchor::Epoch => now - now % window,
+                Anchor::FirstHit => now,
+            },
+            count: 0,
+        },
+    };
+    let allowed = current.count.saturating_add(hits.max(1)) <= limit;
+    let consumed = if allowed || charge == Charge::Always {
+        hits
     } else {
         0
     };
-    let after = count.saturating_add(hits);
-    let allowed = if hits == 0 {
-        count < limit
-    } else {
-        after <= limit
-    };
-    let reset_after = window_start + window - now;
+    let count = current.count.saturating_add(consumed);
+    let reset_after = current
+        .window_start
+        .saturating_add(window)
+        .saturating_sub(now);
     let outcome = Outcome {
         allowed,
         remaining: if allowed {
-            limit.saturating_sub(after)
+            limit.saturating_sub(count)
         } else {
             0
         },
         reset_after,
         retry_after: if allowed { 0 } else { reset_after },
     };
-    let count = if allowed || charge == Charge::Always {
-        after
-    } else {
-        count
-    };
-    (
-        State {
-            window_start,
-            count,
-        },
-        outcome,
-    )
+    let state = (consumed > 0).then_some(State {
+        window_start: current.window_start,
+        count,
+    });
+    (state, outcome)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::testing::{Hit, run, secs};
+    use proptest::prelude::*;
 
     const MINUTE: Micros = 60_000_000;
 
@@ -69,72 +74,130 @@ mod tests {
         seconds * 1_000_000
     }
 
+    fn epoch(
+        state: Option<&State>,
+        now: Micros,
+        limit: u64,
+        hits: u64,
+    ) -> (Option<State>, Outcome) {
+        decide(
+            state,
+            now,
+            limit,
+            MINUTE,
+            Anchor::Epoch,
+            hits,
+            Charge::IfAllowed,
+        )
+    }
+
     #[test]
     fn admits_up_to_the_limit_then_denies_without_consuming() {
-        let mut state = State::default();
+        let mut state = None;
         for expected_remaining in [2, 1, 0] {
-            let (next, outcome) = decide(state, at(2222), 3, MINUTE, 1, Charge::IfAllowed);
+            let (next, outcome) = epoch(state.as_ref(), at(2222), 3, 1);
             assert!(outcome.allowed);
             assert_eq!(outcome.remaining, expected_remaining);
             state = next;
         }
-        let (next, outcome) = decide(state, at(2222), 3, MINUTE, 1, Charge::IfAllowed);
+        let (next, outcome) = epoch(state.as_ref(), at(2222), 3, 1);
         assert!(!outcome.allowed);
-        assert_eq!(outcome.remaining, 0);
-        assert_eq!(outcome.retry_after, at(58));
-        assert_eq!(next, state);
+        assert_eq!((outcome.remaining, outcome.retry_after), (0, at(58)));
+        assert_eq!(next, None);
     }
 
     #[test]
     fn reset_is_the_time_to_the_epoch_aligned_window_end() {
-        let (_, outcome) = decide(State::default(), at(2222), 10, MINUTE, 1, Charge::IfAllowed);
-        assert_eq!(outcome.reset_after, at(58));
-        let (_, outcome) = decide(
-            State::default(),
-            at(2222) + 500_000,
-            10,
-            MINUTE,
-            1,
-            Charge::IfAllowed,
+        assert_eq!(epoch(None, at(2222), 10, 1).1.reset_after, at(58));
+        assert_eq!(
+            epoch(None, at(2222) + 500_000, 10, 1).1.reset_after,
+            at(57) + 500_000
         );
-        assert_eq!(outcome.reset_after, at(57) + 500_000);
     }
 
     #[test]
     fn a_new_window_starts_from_zero() {
-        let (state, _) = decide(State::default(), at(59), 1, MINUTE, 1, Charge::IfAllowed);
-        let (_, denied) = decide(state, at(59), 1, MINUTE, 1, Charge::IfAllowed);
-        assert!(!denied.allowed);
-        let (_, outcome) = decide(state, at(60), 1, MINUTE, 1, Charge::IfAllowed);
+        let (state, _) = epoch(None, at(59), 1, 1);
+        assert!(!epoch(state.as_ref(), at(59), 1, 1).1.allowed);
+        let (_, outcome) = epoch(state.as_ref(), at(60), 1, 1);
         assert!(outcome.allowed);
         assert_eq!(outcome.remaining, 0);
+    }
+
+    #[test]
+    fn first_hit_anchor_starts_the_window_at_the_first_admitted_hit() {
+        let hit = |state: Option<&State>, now| {
+            decide(
+                state,
+                now,
+                1,
+                MINUTE,
+                Anchor::FirstHit,
+                1,
+                Charge::IfAllowed,
+            )
+        };
+        let (state, first) = hit(None, at(2222));
+        assert_eq!(first.reset_after, at(60));
+        assert!(!hit(state.as_ref(), at(2281)).1.allowed);
+        let (_, next) = hit(state.as_ref(), at(2282));
+        assert!(next.allowed);
+        assert_eq!(next.reset_after, at(60));
     }
 
     #[test]
     fn zero_requests_per_unit_denies_everything_even_a_check() {
         for hits in [0, 1, 5] {
-            let (_, outcome) = decide(State::default(), at(10), 0, MINUTE, hits, Charge::IfAllowed);
-            assert!(!outcome.allowed, "hits {hits}");
+            assert!(!epoch(None, at(10), 0, hits).1.allowed, "hits {hits}");
         }
     }
 
     #[test]
-    fn check_only_passes_while_a_hit_would_be_admitted() {
-        let (state, _) = decide(State::default(), at(10), 2, MINUTE, 1, Charge::IfAllowed);
-        let (same, outcome) = decide(state, at(10), 2, MINUTE, 0, Charge::IfAllowed);
+    fn check_only_passes_while_a_hit_would_be_admitted_and_changes_nothing() {
+        let (state, _) = epoch(None, at(10), 2, 1);
+        let (unchanged, outcome) = epoch(state.as_ref(), at(10), 2, 0);
         assert!(outcome.allowed);
-        assert_eq!(outcome.remaining, 1);
-        assert_eq!(same, state);
-        let (full, _) = decide(state, at(10), 2, MINUTE, 1, Charge::IfAllowed);
-        let (_, outcome) = decide(full, at(10), 2, MINUTE, 0, Charge::IfAllowed);
-        assert!(!outcome.allowed);
+        assert_eq!((outcome.remaining, unchanged), (1, None));
+        let (full, _) = epoch(state.as_ref(), at(10), 2, 1);
+        assert!(!epoch(full.as_ref(), at(10), 2, 0).1.allowed);
     }
 
     #[test]
     fn count_denied_consumes_even_when_over() {
-        let (state, _) = decide(State::default(), at(10), 1, MINUTE, 1, Charge::Always);
-        let (state, outcome) = decide(state, at(10), 1, MINUTE, 1, Charge::Always);
+        let (state, _) = decide(None, at(10), 1, MINUTE, Anchor::Epoch, 1, Charge::Always);
+        let (state, outcome) = decide(
+            state.as_ref(),
+            at(10),
+            1,
+            MINUTE,
+            Anchor::Epoch,
+            1,
+            Charge::Always,
+        );
         assert!(!outcome.allowed);
-        assert_eq!(state.count, 2);
+        assert_eq!(state.map(|s| s.count), Some(2));
+    }
+
+    proptest! {
+        #[test]
+        fn never_more_than_the_limit_inside_one_aligned_window(
+            limit in 0u64..20,
+            window_s in 1u64..120,
+            hits in proptest::collection::vec((0u64..10_000_000, 0u64..4), 1..300),
+        ) {
+            let window = secs(window_s);
+            let trace = run(
+                |state, now, hits| decide(state, now, limit, window, Anchor::Epoch, hits, Charge::IfAllowed),
+                &hits,
+            );
+            let mut per_window = std::collections::HashMap::<u64, u64>::new();
+            for Hit { at, hits, outcome, .. } in &trace {
+                if outcome.allowed {
+                    *per_window.entry(at / window).or_default() += hits;
+                }
+            }
+            prop_assert!(per_window.values().all(|&admitted| admitted <= limit));
+            crate::algorithm::testing::check_common(&trace);
+        }
     }
 }

@@ -1,25 +1,80 @@
 //! Counting algorithms: each is data (from the config) plus a pure function of
 //! (stored state, now, limit, hits) → (new state, outcome). Stores call `decide`; nothing here
 //! reads a clock or touches storage, so every algorithm is tested with explicit instants.
+//!
+//! Shared rules, which the Redis scripts repeat:
+//! - Time is in microseconds; arithmetic is integer (u128 where products can be large), so a
+//!   decision is exact and reproducible.
+//! - `hits == 0` is a check: allowed when one more hit would be admitted now, and it never
+//!   changes state.
+//! - A denied call changes nothing, unless `Charge::Always` (`--count-denied`).
+//! - `remaining` is how many more hits would be admitted right now; `reset_after` is the time
+//!   until the full limit is available again; `retry_after` (denied only) is the time until the
+//!   same hits would be admitted. A call that can never be admitted (more hits than the limit
+//!   or burst) reports `retry_after = reset_after`.
 
 pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
 
 use crate::clock::Micros;
 
-/// How a limit is counted.
+/// Where a fixed window starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
-    /// Epoch-aligned fixed windows, the reference's semantics.
+pub enum Anchor {
+    /// Aligned to the Unix epoch, as the reference (every counter's minute starts at :00).
     #[default]
-    FixedWindow,
+    Epoch,
+    /// At the counter's first hit, as Limitador (each counter's own minute).
+    FirstHit,
+}
+
+/// How a limit is counted, with the parameters that only some algorithms have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// A count per window; the reference's semantics.
+    FixedWindow { anchor: Anchor },
+    /// Two adjacent fixed windows, the previous one weighted by how much of it still overlaps.
+    SlidingWindow,
+    /// Exact: one timestamp per admitted hit, plus a minimum gap between hits.
+    SlidingLog { min_interval: Micros },
+    /// A bucket of `burst` tokens refilled continuously at `requests` per window.
+    TokenBucket { burst: u64 },
+    /// The generic cell rate algorithm: a token bucket kept as one theoretical arrival time.
+    Gcra { burst: u64 },
+}
+
+impl Default for Algorithm {
+    fn default() -> Self {
+        Algorithm::FixedWindow {
+            anchor: Anchor::Epoch,
+        }
+    }
 }
 
 impl Algorithm {
-    /// A short, stable tag for counter keys: changing the algorithm of a rule starts fresh
-    /// counters instead of reading state of another shape.
+    /// A short, stable tag for counter keys: each algorithm keeps state of its own shape, so
+    /// changing a rule's algorithm starts fresh counters.
     pub fn key_tag(self) -> &'static str {
         match self {
-            Algorithm::FixedWindow => "fw",
+            Algorithm::FixedWindow { .. } => "fw",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::SlidingLog { .. } => "sl",
+            Algorithm::TokenBucket { .. } => "tb",
+            Algorithm::Gcra { .. } => "gcra",
+        }
+    }
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::Gcra { .. } => "gcra",
         }
     }
 }
@@ -33,28 +88,33 @@ pub enum Charge {
 }
 
 /// The answer for one limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
     pub allowed: bool,
-    /// Hits still admissible after this call.
+    /// Hits still admissible right now, after this call.
     pub remaining: u64,
     /// Time until the full limit is available again.
     pub reset_after: Micros,
-    /// When denied: the earliest time after which the same hits could be admitted; 0 if allowed.
+    /// When denied: time until the same hits could be admitted; 0 when allowed.
     pub retry_after: Micros,
 }
 
 /// Stored state of one counter, whatever its algorithm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     FixedWindow(fixed_window::State),
+    SlidingWindow(sliding_window::State),
+    SlidingLog(sliding_log::State),
+    TokenBucket(token_bucket::State),
+    Gcra(gcra::State),
 }
 
-/// The new state to store, the outcome, and when the state may be forgotten.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The outcome, the state to store (`None`: leave it as it is) and when the stored state may
+/// be forgotten (the limit is then fully available again, so no state means the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
     pub outcome: Outcome,
-    pub state: State,
+    pub state: Option<State>,
     pub expires_at: Micros,
 }
 
@@ -66,7 +126,8 @@ pub struct Params {
     pub window: Micros,
 }
 
-/// Runs the algorithm of `params` on `state` (None: never seen or forgotten).
+/// Runs the algorithm of `params` on `state` (None: never seen, forgotten, or state of
+/// another algorithm).
 pub fn decide(
     params: &Params,
     state: Option<&State>,
@@ -74,19 +135,65 @@ pub fn decide(
     hits: u64,
     charge: Charge,
 ) -> Decision {
-    match params.algorithm {
-        Algorithm::FixedWindow => {
+    let (n, w) = (params.requests, params.window.max(1));
+    let (state, outcome) = match params.algorithm {
+        Algorithm::FixedWindow { anchor } => {
             let previous = match state {
-                Some(State::FixedWindow(state)) => *state,
-                None => fixed_window::State::default(),
+                Some(State::FixedWindow(s)) => Some(s),
+                _ => None,
             };
-            let (state, outcome) =
-                fixed_window::decide(previous, now, params.requests, params.window, hits, charge);
-            Decision {
-                outcome,
-                expires_at: state.window_start.saturating_add(params.window),
-                state: State::FixedWindow(state),
-            }
+            let (s, o) = fixed_window::decide(previous, now, n, w, anchor, hits, charge);
+            (s.map(State::FixedWindow), o)
         }
+        Algorithm::SlidingWindow => {
+            let previous = match state {
+                Some(State::SlidingWindow(s)) => Some(s),
+                _ => None,
+            };
+            let (s, o) = sliding_window::decide(previous, now, n, w, hits, charge);
+            (s.map(State::SlidingWindow), o)
+        }
+        Algorithm::SlidingLog { min_interval } => {
+            let previous = match state {
+                Some(State::SlidingLog(s)) => Some(s),
+                _ => None,
+            };
+            let (s, o) = sliding_log::decide(previous, now, n, w, min_interval, hits, charge);
+            (s.map(State::SlidingLog), o)
+        }
+        Algorithm::TokenBucket { burst } => {
+            let previous = match state {
+                Some(State::TokenBucket(s)) => Some(s),
+                _ => None,
+            };
+            let (s, o) = token_bucket::decide(previous, now, n, w, burst, hits, charge);
+            (s.map(State::TokenBucket), o)
+        }
+        Algorithm::Gcra { burst } => {
+            let previous = match state {
+                Some(State::Gcra(s)) => Some(s),
+                _ => None,
+            };
+            let (s, o) = gcra::decide(previous, now, n, w, burst, hits, charge);
+            (s.map(State::Gcra), o)
+        }
+    };
+    Decision {
+        expires_at: now.saturating_add(outcome.reset_after),
+        outcome,
+        state,
     }
 }
+
+/// `a / b` rounded up, for times: never tell a client to come back too early.
+pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
+    if b == 0 { 0 } else { a.div_ceil(b) }
+}
+
+/// Narrows a computed duration or count, saturating.
+pub(crate) fn to_u64(value: u128) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+pub(crate) mod testing;

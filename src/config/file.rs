@@ -1,6 +1,7 @@
 //! One config file: serde "raw" structs that mirror the YAML exactly (unknown keys are
-//! errors), then a conversion into the compiled rules that checks everything else. Every error
-//! carries the file, the line and the path to the offending field.
+//! errors, positions kept with `Spanned`), parsed here; `tree` and `limits` then turn them into
+//! the compiled rules and check everything else. Every error carries the file, the line and
+//! the path to the offending field.
 
 use std::path::Path;
 
@@ -8,53 +9,61 @@ use serde::Deserialize;
 use serde_saphyr::Spanned;
 
 use super::ConfigError;
-use crate::limit::{Limit, Unit};
-use crate::rules::{DomainRules, Level, Node, Policy, Rule, Selector};
+use super::tree::Builder;
+use crate::rules::DomainRules;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawFile {
-    domain: Option<Spanned<String>>,
+pub(super) struct RawFile {
+    pub(super) domain: Option<Spanned<String>>,
     #[serde(default)]
-    descriptors: Vec<Spanned<RawDescriptor>>,
+    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawDescriptor {
-    key: Spanned<String>,
-    value: Option<Spanned<String>>,
-    rate_limit: Option<Spanned<RawRateLimit>>,
+pub(super) struct RawDescriptor {
+    pub(super) key: Spanned<String>,
+    pub(super) value: Option<Spanned<String>>,
+    pub(super) rate_limit: Option<Spanned<RawRateLimit>>,
+    /// tollgate extension: several limits on one descriptor.
+    pub(super) rate_limits: Option<Spanned<Vec<Spanned<RawRateLimit>>>>,
     #[serde(default)]
-    shadow_mode: bool,
+    pub(super) shadow_mode: bool,
     #[serde(default)]
-    quota_mode: bool,
+    pub(super) quota_mode: bool,
     #[serde(default)]
-    detailed_metric: bool,
+    pub(super) detailed_metric: bool,
     #[serde(default)]
-    value_to_metric: bool,
-    share_threshold: Option<Spanned<bool>>,
-    metadata: Option<Spanned<serde_json::Value>>,
+    pub(super) value_to_metric: bool,
+    pub(super) share_threshold: Option<Spanned<bool>>,
+    pub(super) metadata: Option<Spanned<serde_json::Value>>,
     #[serde(default)]
-    descriptors: Vec<Spanned<RawDescriptor>>,
+    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawRateLimit {
-    unit: Option<Spanned<String>>,
-    requests_per_unit: Option<u32>,
+pub(super) struct RawRateLimit {
+    pub(super) unit: Option<Spanned<String>>,
+    pub(super) requests_per_unit: Option<u32>,
     #[serde(default)]
-    unlimited: bool,
-    name: Option<String>,
+    pub(super) unlimited: bool,
+    pub(super) name: Option<String>,
     #[serde(default)]
-    replaces: Vec<Spanned<RawReplace>>,
+    pub(super) replaces: Vec<Spanned<RawReplace>>,
+    // tollgate extensions; see docs/algorithms.md.
+    pub(super) algorithm: Option<Spanned<String>>,
+    pub(super) unit_multiplier: Option<Spanned<u32>>,
+    pub(super) burst: Option<Spanned<u32>>,
+    pub(super) min_interval: Option<Spanned<String>>,
+    pub(super) anchor: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawReplace {
-    name: String,
+pub(super) struct RawReplace {
+    pub(super) name: String,
 }
 
 /// Parses and validates the text of one config file.
@@ -83,7 +92,7 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainRules, ConfigError> {
             ));
         }
     };
-    let mut builder = Builder { file };
+    let builder = Builder { file };
     let root = builder.level(&raw.descriptors, &format!("domain {domain:?}"), &domain)?;
     Ok(DomainRules { name: domain, root })
 }
@@ -106,7 +115,21 @@ fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigError> {
 /// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
 /// the wrapper's, not a YAML key.
 fn yaml_path(path: &serde_path_to_error::Path) -> String {
-    const SPANNED_FIELDS: [&str; 6] = ["domain", "key", "value", "rate_limit", "unit", "metadata"];
+    const SPANNED_FIELDS: [&str; 13] = [
+        "domain",
+        "key",
+        "value",
+        "rate_limit",
+        "rate_limits",
+        "unit",
+        "metadata",
+        "share_threshold",
+        "algorithm",
+        "unit_multiplier",
+        "burst",
+        "min_interval",
+        "anchor",
+    ];
     use serde_path_to_error::Segment;
     let mut out = String::new();
     let mut wrapper_next = false;
@@ -153,196 +176,5 @@ fn yaml_reason(error: &serde_saphyr::Error) -> String {
         "invalid u32" => "expected a whole number from 0 to 4294967295".to_owned(),
         "invalid boolean" => "expected true or false".to_owned(),
         other => other.to_owned(),
-    }
-}
-
-struct Builder<'a> {
-    file: &'a Path,
-}
-
-impl Builder<'_> {
-    fn error(&self, line: u64, path: String, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_path_buf(),
-            line: Some(line),
-            path,
-            reason: reason.into(),
-        }
-    }
-
-    /// Builds one level; `path` names the parent for errors, `stats` is its stats path.
-    fn level(
-        &mut self,
-        descriptors: &[Spanned<RawDescriptor>],
-        path: &str,
-        stats: &str,
-    ) -> Result<Level, ConfigError> {
-        let mut level = Level::default();
-        for (index, raw) in descriptors.iter().enumerate() {
-            let line = raw.referenced.line();
-            let raw = &raw.value;
-            let here = format!("{path} > descriptors[{index}] (key {:?})", raw.key.value);
-            let node = self.node(raw, &here, stats)?;
-            let composite = stats_segment(&node);
-            if level.insert(node).is_err() {
-                return Err(self.error(
-                    line,
-                    here,
-                    format!("duplicate descriptor: another one at this level has the same key and value ({stats}.{composite})"),
-                ));
-            }
-        }
-        Ok(level)
-    }
-
-    fn node(
-        &mut self,
-        raw: &RawDescriptor,
-        here: &str,
-        parent_stats: &str,
-    ) -> Result<Node, ConfigError> {
-        if raw.key.value.is_empty() {
-            return Err(self.error(
-                raw.key.referenced.line(),
-                format!("{here} > key"),
-                "must not be empty",
-            ));
-        }
-        let selector = Selector::from_config(raw.value.as_ref().map(|v| v.value.as_str()));
-        let share_threshold = raw.share_threshold.as_ref().is_some_and(|s| s.value);
-        if let Some(flag) = raw.share_threshold.as_ref().filter(|_| share_threshold)
-            && !matches!(selector, Selector::Wildcard(_))
-        {
-            return Err(self.error(
-                flag.referenced.line(),
-                format!("{here} > share_threshold"),
-                "only applies to a wildcard value (one containing '*')",
-            ));
-        }
-        let mut node = Node {
-            key: raw.key.value.clone(),
-            selector,
-            rule: None,
-            share_threshold,
-            value_to_metric: raw.value_to_metric,
-            children: Level::default(),
-        };
-        let stats = format!("{parent_stats}.{}", stats_segment(&node));
-        node.rule = self.rule(raw, here, &stats)?;
-        node.children = self.level(&raw.descriptors, here, &stats)?;
-        Ok(node)
-    }
-
-    fn rule(
-        &mut self,
-        raw: &RawDescriptor,
-        here: &str,
-        stats: &str,
-    ) -> Result<Option<Rule>, ConfigError> {
-        let Some(rate_limit) = &raw.rate_limit else {
-            return Ok(None);
-        };
-        let line = rate_limit.referenced.line();
-        let rate_limit = &rate_limit.value;
-        let name = rate_limit.name.clone().filter(|name| !name.is_empty());
-        let policy = if rate_limit.unlimited {
-            if let Some(unit) = &rate_limit.unit {
-                return Err(self.error(
-                    unit.referenced.line(),
-                    format!("{here} > rate_limit.unit"),
-                    "must not be set when unlimited is true",
-                ));
-            }
-            Policy::Unlimited { name: name.clone() }
-        } else {
-            let unit = self.unit(rate_limit.unit.as_ref(), line, here)?;
-            let Some(requests_per_unit) = rate_limit.requests_per_unit else {
-                return Err(self.error(
-                    line,
-                    format!("{here} > rate_limit.requests_per_unit"),
-                    "missing; write 0 to deny every request",
-                ));
-            };
-            let mut limit = Limit::new(requests_per_unit, unit);
-            limit.name = name.clone();
-            Policy::Limited(limit)
-        };
-        let replaces = self.replaces(&rate_limit.replaces, name.as_deref(), here)?;
-        let metadata = match &raw.metadata {
-            Some(metadata) if !metadata.value.is_object() => {
-                return Err(self.error(
-                    metadata.referenced.line(),
-                    format!("{here} > metadata"),
-                    "expected a map",
-                ));
-            }
-            Some(metadata) => Some(metadata.value.clone()),
-            None => None,
-        };
-        Ok(Some(Rule {
-            policy,
-            replaces,
-            shadow_mode: raw.shadow_mode,
-            quota_mode: raw.quota_mode,
-            detailed_metric: raw.detailed_metric,
-            metadata,
-            path: stats.to_owned(),
-        }))
-    }
-
-    fn unit(
-        &self,
-        unit: Option<&Spanned<String>>,
-        line: u64,
-        here: &str,
-    ) -> Result<Unit, ConfigError> {
-        let expected = Unit::ALL.map(Unit::as_str).join("|");
-        let path = format!("{here} > rate_limit.unit");
-        match unit {
-            None => Err(self.error(line, path, format!("missing; expected one of {expected}"))),
-            Some(unit) => Unit::parse(&unit.value).ok_or_else(|| {
-                self.error(
-                    unit.referenced.line(),
-                    path,
-                    format!("expected one of {expected}, got {:?}", unit.value),
-                )
-            }),
-        }
-    }
-
-    fn replaces(
-        &self,
-        replaces: &[Spanned<RawReplace>],
-        own_name: Option<&str>,
-        here: &str,
-    ) -> Result<Vec<String>, ConfigError> {
-        replaces
-            .iter()
-            .enumerate()
-            .map(|(index, replace)| {
-                let path = format!("{here} > rate_limit.replaces[{index}].name");
-                let name = &replace.value.name;
-                if name.is_empty() {
-                    Err(self.error(replace.referenced.line(), path, "must not be empty"))
-                } else if Some(name.as_str()) == own_name {
-                    Err(self.error(
-                        replace.referenced.line(),
-                        path,
-                        format!("a limit cannot replace itself ({name:?})"),
-                    ))
-                } else {
-                    Ok(name.clone())
-                }
-            })
-            .collect()
-    }
-}
-
-/// A node's segment of the stats path: `key` for key-only nodes, else `key_value` (patterns
-/// kept as written), as the reference names its stats.
-fn stats_segment(node: &Node) -> String {
-    match &node.selector {
-        Selector::Any => node.key.clone(),
-        selector => format!("{}_{}", node.key, selector.text()),
     }
 }

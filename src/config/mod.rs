@@ -8,6 +8,8 @@
 //! `RUNTIME_IGNOREDOTFILES=true`). Symbolic links are followed.
 
 pub mod file;
+mod limits;
+mod tree;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -235,17 +235,22 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The name that `replaces` refers to.
-    pub fn name(&self) -> Option<&str> {
+    /// Whether one of this rule's limits carries `name` (what `replaces` refers to).
+    pub fn is_named(&self, name: &str) -> bool {
         match &self.policy {
-            Policy::Limited(limit) => limit.name.as_deref(),
-            Policy::Unlimited { name } => name.as_deref(),
+            Policy::Limited(limits) => limits
+                .iter()
+                .any(|limit| limit.name.as_deref() == Some(name)),
+            Policy::Unlimited { name: own } => own.as_deref() == Some(name),
         }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Policy {
-    Limited(Limit),
-    Unlimited { name: Option<String> },
+    /// One limit (`rate_limit`) or several on one counter identity (`rate_limits`); never empty.
+    Limited(Vec<Limit>),
+    Unlimited {
+        name: Option<String>,
+    },
 }

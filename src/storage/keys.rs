@@ -102,7 +102,7 @@ mod tests {
         counter_key(
             domain,
             entries.iter().map(|(k, v)| (*k, EntryValue::Actual(v))),
-            Algorithm::FixedWindow,
+            Algorithm::default(),
             MINUTE,
         )
         .0
@@ -132,13 +132,13 @@ mod tests {
         let shared = counter_key(
             "d",
             [("f", EntryValue::Shared("x*"))],
-            Algorithm::FixedWindow,
+            Algorithm::default(),
             MINUTE,
         );
         let actual = counter_key(
             "d",
             [("f", EntryValue::Actual("x*"))],
-            Algorithm::FixedWindow,
+            Algorithm::default(),
             MINUTE,
         );
         assert_ne!(shared, actual);

@@ -128,7 +128,7 @@ impl MemoryStore {
                 guards[guard_of(shard)]
                     .get(&hit.key)
                     .filter(|slot| slot.expires_at > now)
-                    .map(|slot| slot.state)
+                    .map(|slot| slot.state.clone())
             })
             .collect();
         let decisions = decide_in_order(hits, &stored, now, self.charge);
@@ -138,9 +138,9 @@ impl MemoryStore {
             return unconsumed_outcomes(hits, &stored, &decisions, now);
         }
         for ((hit, decision), &shard) in hits.iter().zip(&decisions).zip(&shard_of_hit) {
-            if decision.outcome.allowed || self.charge == Charge::Always {
+            if let Some(state) = &decision.state {
                 let slot = Slot {
-                    state: decision.state,
+                    state: state.clone(),
                     expires_at: decision.expires_at,
                 };
                 let shard = &mut guards[guard_of(shard)];
@@ -168,19 +168,17 @@ fn decide_in_order(
     charge: Charge,
 ) -> Vec<Decision> {
     let mut decisions: Vec<Decision> = Vec::with_capacity(hits.len());
+    // The state of each hit's counter after that hit.
+    let mut after: Vec<Option<State>> = Vec::with_capacity(hits.len());
     for (index, hit) in hits.iter().enumerate() {
         let earlier = (0..index).rev().find(|&before| hits[before].key == hit.key);
         let state = match earlier {
-            Some(before) => Some(decisions[before].state),
-            None => stored[index],
+            Some(before) => after[before].clone(),
+            None => stored[index].clone(),
         };
-        decisions.push(algorithm::decide(
-            &hit.params,
-            state.as_ref(),
-            now,
-            hit.hits,
-            charge,
-        ));
+        let decision = algorithm::decide(&hit.params, state.as_ref(), now, hit.hits, charge);
+        after.push(decision.state.clone().or(state));
+        decisions.push(decision);
     }
     decisions
 }
@@ -237,11 +235,11 @@ mod tests {
             key: counter_key(
                 "d",
                 [("user", EntryValue::Actual(user))],
-                Algorithm::FixedWindow,
+                Algorithm::default(),
                 window,
             ),
             params: Params {
-                algorithm: Algorithm::FixedWindow,
+                algorithm: Algorithm::default(),
                 requests,
                 window,
             },

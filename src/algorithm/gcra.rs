@@ -1,0 +1,150 @@
+//! GCRA, the generic cell rate algorithm (as redis-cell and go-redis/redis_rate use it;
+//! <https://brandur.org/rate-limiting>): one theoretical arrival time (TAT) per key. Each hit
+//! pushes the TAT one emission interval (`window / limit`) further; a call is allowed while the
+//! new TAT is at most `burst` intervals ahead of now. Same admissions as a token bucket of
+//! `burst` tokens refilled at `limit` per `window`, with one number of state.
+//!
+//! Exact in integers: the TAT is kept as whole µs plus a remainder in 1/`limit` µs, so an
+//! emission interval of, say, 1 s / 3 loses nothing to rounding.
+
+use super::{Charge, Outcome, div_ceil_u128, to_u64};
+use crate::clock::Micros;
+
+/// The theoretical arrival time: `tat + remainder / limit` µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct State {
+    pub tat: Micros,
+    pub remainder: u64,
+}
+
+pub fn decide(
+    state: Option<&State>,
+    now: Micros,
+    limit: u64,
+    window: Micros,
+    burst: u64,
+    hits: u64,
+    charge: Charge,
+) -> (Option<State>, Outcome) {
+    if limit == 0 {
+        return (None, never(window));
+    }
+    // In ticks of 1/limit µs: one hit is `window` ticks, and the tolerance `burst` hits.
+    let n = u128::from(limit);
+    let now_ticks = u128::from(now) * n;
+    let stored = state.map_or(0, |s| {
+        u128::from(s.tat) * n + u128::from(s.remainder.min(limit - 1))
+    });
+    let tat = stored.max(now_ticks);
+    let (interval, tolerance) = (u128::from(window), u128::from(burst) * u128::from(window));
+    let need = u128::from(hits.max(1)) * interval;
+    let allowed = tat + need - now_ticks <= tolerance;
+    let consumed = if allowed || charge == Charge::Always {
+        hits
+    } else {
+        0
+    };
+    let new_tat = tat + u128::from(consumed) * interval;
+    let ahead = new_tat - now_ticks;
+    let reset_after = to_u64(div_ceil_u128(ahead, n));
+    let retry_after = if allowed {
+        0
+    } else if need > tolerance {
+        reset_after
+    } else {
+        to_u64(div_ceil_u128(tat + need - now_ticks - tolerance, n))
+    };
+    let outcome = Outcome {
+        allowed,
+        remaining: if allowed {
+            to_u64(tolerance.saturating_sub(ahead) / interval)
+        } else {
+            0
+        },
+        reset_after,
+        retry_after,
+    };
+    let state = (consumed > 0).then(|| State {
+        tat: to_u64(new_tat / n),
+        remainder: to_u64(new_tat % n),
+    });
+    (state, outcome)
+}
+
+/// A limit of 0 admits nothing, ever.
+fn never(window: Micros) -> Outcome {
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        reset_after: window,
+        retry_after: window,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::testing::{BASE, check_common, max_in_any_interval, run, secs};
+    use crate::algorithm::token_bucket;
+    use proptest::prelude::*;
+
+    #[test]
+    fn burst_at_once_then_one_per_emission_interval() {
+        let call = |s: Option<&State>, now| decide(s, now, 3, secs(1), 3, 1, Charge::IfAllowed);
+        let mut state = None;
+        for remaining in [2, 1, 0] {
+            let (next, outcome) = call(state.as_ref(), BASE);
+            assert_eq!((outcome.allowed, outcome.remaining), (true, remaining));
+            state = next;
+        }
+        let (_, empty) = call(state.as_ref(), BASE);
+        // One third of a second, rounded up to the µs.
+        assert_eq!((empty.allowed, empty.retry_after), (false, 333_334));
+        assert!(!call(state.as_ref(), BASE + 333_333).1.allowed);
+        assert!(call(state.as_ref(), BASE + 333_334).1.allowed);
+    }
+
+    proptest! {
+        #[test]
+        fn admits_exactly_what_the_token_bucket_admits(
+            limit in 1u64..50,
+            window_s in 1u64..30,
+            burst in 1u64..20,
+            steps in proptest::collection::vec((0u64..3_000_000, 0u64..4), 1..300),
+        ) {
+            let window = secs(window_s);
+            let gcra = run(|s, now, hits| decide(s, now, limit, window, burst, hits, Charge::IfAllowed), &steps);
+            let bucket = run(
+                |s, now, hits| token_bucket::decide(s, now, limit, window, burst, hits, Charge::IfAllowed),
+                &steps,
+            );
+            check_common(&gcra);
+            for (g, b) in gcra.iter().zip(&bucket) {
+                prop_assert_eq!(g.outcome, b.outcome);
+            }
+            let bound = burst + (u128::from(limit) * 60_000_000).div_ceil(u128::from(window)) as u64;
+            prop_assert!(max_in_any_interval(&gcra, secs(60)) <= bound);
+        }
+
+        #[test]
+        fn a_client_sending_exactly_at_the_rate_is_never_denied(
+            limit in 1u64..1_000,
+            window_s in 1u64..3_600,
+            burst in 1u64..10,
+            calls in 1u64..2_000,
+        ) {
+            // On a µs clock the k-th hit comes at ceil(k·window/limit): up to 1 µs late, so
+            // the gap to the next can be 1 µs short of an interval. A burst of 2 absorbs that;
+            // a burst of 1 can only be met by a client whose interval is a whole µs.
+            let window = secs(window_s);
+            let burst = if burst == 1 && window % limit != 0 { 2 } else { burst };
+            let mut state = None;
+            for k in 0..calls {
+                let at = BASE + (u128::from(k) * u128::from(window)).div_ceil(u128::from(limit)) as u64;
+                let (next, outcome) = decide(state.as_ref(), at, limit, window, burst, 1, Charge::IfAllowed);
+                prop_assert!(outcome.allowed, "hit {} at {}", k, at);
+                state = next;
+            }
+        }
+    }
+}

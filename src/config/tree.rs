@@ -1,0 +1,129 @@
+//! Raw descriptors → the compiled lookup tree of `rules`, checking keys, values, duplicates and
+//! metadata; the limits themselves are built by `limits`.
+
+use std::path::Path;
+
+use serde_saphyr::Spanned;
+
+use super::ConfigError;
+use super::file::RawDescriptor;
+use super::limits;
+use crate::rules::{Level, Node, Rule, Selector};
+
+pub(super) struct Builder<'a> {
+    pub(super) file: &'a Path,
+}
+
+impl Builder<'_> {
+    pub(super) fn error(&self, line: u64, path: String, reason: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: self.file.to_path_buf(),
+            line: Some(line),
+            path,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds one level; `path` names the parent for errors, `stats` is its stats path.
+    pub(super) fn level(
+        &self,
+        descriptors: &[Spanned<RawDescriptor>],
+        path: &str,
+        stats: &str,
+    ) -> Result<Level, ConfigError> {
+        let mut level = Level::default();
+        for (index, raw) in descriptors.iter().enumerate() {
+            let line = raw.referenced.line();
+            let raw = &raw.value;
+            let here = format!("{path} > descriptors[{index}] (key {:?})", raw.key.value);
+            let node = self.node(raw, &here, stats)?;
+            let composite = stats_segment(&node);
+            if level.insert(node).is_err() {
+                return Err(self.error(
+                    line,
+                    here,
+                    format!("duplicate descriptor: another one at this level has the same key and value ({stats}.{composite})"),
+                ));
+            }
+        }
+        Ok(level)
+    }
+
+    fn node(
+        &self,
+        raw: &RawDescriptor,
+        here: &str,
+        parent_stats: &str,
+    ) -> Result<Node, ConfigError> {
+        if raw.key.value.is_empty() {
+            return Err(self.error(
+                raw.key.referenced.line(),
+                format!("{here} > key"),
+                "must not be empty",
+            ));
+        }
+        let selector = Selector::from_config(raw.value.as_ref().map(|v| v.value.as_str()));
+        let share_threshold = raw.share_threshold.as_ref().is_some_and(|s| s.value);
+        if let Some(flag) = raw.share_threshold.as_ref().filter(|_| share_threshold)
+            && !matches!(selector, Selector::Wildcard(_))
+        {
+            return Err(self.error(
+                flag.referenced.line(),
+                format!("{here} > share_threshold"),
+                "only applies to a wildcard value (one containing '*')",
+            ));
+        }
+        let mut node = Node {
+            key: raw.key.value.clone(),
+            selector,
+            rule: None,
+            share_threshold,
+            value_to_metric: raw.value_to_metric,
+            children: Level::default(),
+        };
+        let stats = format!("{parent_stats}.{}", stats_segment(&node));
+        node.rule = self.rule(raw, here, &stats)?;
+        node.children = self.level(&raw.descriptors, here, &stats)?;
+        Ok(node)
+    }
+
+    fn rule(
+        &self,
+        raw: &RawDescriptor,
+        here: &str,
+        stats: &str,
+    ) -> Result<Option<Rule>, ConfigError> {
+        let Some((policy, replaces)) = limits::policy(self, raw, here)? else {
+            return Ok(None);
+        };
+        let metadata = match &raw.metadata {
+            Some(metadata) if !metadata.value.is_object() => {
+                return Err(self.error(
+                    metadata.referenced.line(),
+                    format!("{here} > metadata"),
+                    "expected a map",
+                ));
+            }
+            Some(metadata) => Some(metadata.value.clone()),
+            None => None,
+        };
+        Ok(Some(Rule {
+            policy,
+            replaces,
+            shadow_mode: raw.shadow_mode,
+            quota_mode: raw.quota_mode,
+            detailed_metric: raw.detailed_metric,
+            metadata,
+            path: stats.to_owned(),
+        }))
+    }
+}
+
+/// A node's segment of the stats path: `key` for key-only nodes, else `key_value` (patterns
+/// kept as written), as the reference names its stats.
+fn stats_segment(node: &Node) -> String {
+    match &node.selector {
+        Selector::Any => node.key.clone(),
+        selector => format!("{}_{}", node.key, selector.text()),
+    }
+}

@@ -48,6 +48,19 @@ config_error! {
     wrong_type => "api.yaml:4: descriptors[0].shadow_mode: expected true or false";
     multiple_documents => "api.yaml:3: more than one YAML document; a config file holds exactly one domain";
     one_bad_file_rejects_all => "bad.yaml:4: domain \"bad\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: missing; write 0 to deny every request";
+    unknown_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra, got \"leaky_bucket\"";
+    parameter_of_another_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: only applies to token_bucket and gcra, not fixed_window";
+    min_interval_on_gcra => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.min_interval: only applies to sliding_log, not gcra";
+    bad_min_interval => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.min_interval: expected a duration such as 3s or 500ms, got \"soon\"";
+    sliding_log_over_cap => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: sliding_log keeps one timestamp per admitted hit, so its limit is capped at 10000 (got 50000); use sliding_window or gcra for larger limits";
+    zero_unit_multiplier => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit_multiplier: must be at least 1";
+    zero_burst => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: must be at least 1 (write requests_per_unit: 0 to deny every request)";
+    bad_anchor => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.anchor: expected one of epoch|first_hit, got \"midnight\"";
+    unlimited_with_algorithm => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: must not be set when unlimited is true";
+    rate_limit_and_rate_limits => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits: use either rate_limit or rate_limits, not both";
+    empty_rate_limits => "api.yaml:4: domain \"api\" > descriptors[0] (key \"user\") > rate_limits: must not be empty";
+    same_window_twice => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1]: same algorithm (fixed_window) and window (60 s) as another limit of this descriptor (5/minute); they would share one counter";
+    unlimited_in_rate_limits => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].unlimited: cannot be one of several limits";
 }
 
 #[test]

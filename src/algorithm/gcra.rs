@@ -137,7 +137,7 @@ mod tests {
             // the gap to the next can be 1 µs short of an interval. A burst of 2 absorbs that;
             // a burst of 1 can only be met by a client whose interval is a whole µs.
             let window = secs(window_s);
-            let burst = if burst == 1 && window % limit != 0 { 2 } else { burst };
+            let burst = if burst == 1 && !window.is_multiple_of(limit) { 2 } else { burst };
             let mut state = None;
             for k in 0..calls {
                 let at = BASE + (u128::from(k) * u128::from(window)).div_ceil(u128::from(limit)) as u64;

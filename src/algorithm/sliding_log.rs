@@ -60,6 +60,11 @@ pub fn decide(
         now,
         usize::try_from(consumed).unwrap_or(0),
     ));
+    // Only `--count-denied` can push the log past the limit. The newest `limit` entries decide
+    // every later admission on their own, so the older ones can go: memory stays bounded.
+    while log.hits.len() as u64 > limit.max(1) {
+        log.hits.pop_front();
+    }
     let reset_after = log.hits.back().map_or(0, |&newest| {
         newest
             .saturating_add(window.max(min_interval))
@@ -146,6 +151,20 @@ mod tests {
         assert!(freed.allowed);
         assert_eq!(freed.reset_after, secs(10));
         assert_eq!(s.map(|s| s.hits.len()), Some(2));
+    }
+
+    #[test]
+    fn count_denied_keeps_the_log_bounded_and_denying() {
+        let call = |s: Option<&State>, now| decide(s, now, 3, secs(60), 0, 1, Charge::Always);
+        let mut state = None;
+        for second in 0..100 {
+            let (next, _) = call(state.as_ref(), BASE + secs(second) / 10);
+            state = next.or(state);
+        }
+        assert_eq!(state.as_ref().map(|s| s.hits.len()), Some(3));
+        // The newest three hits (at 9.7 … 9.9 s) keep the limit exhausted until 69.7 s.
+        assert!(!call(state.as_ref(), BASE + secs(69)).1.allowed);
+        assert!(call(state.as_ref(), BASE + secs(70)).1.allowed);
     }
 
     proptest! {

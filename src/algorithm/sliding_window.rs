@@ -124,7 +124,9 @@ fn retry_after(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::testing::{BASE, check_common, max_in_any_interval, run, secs};
+    use crate::algorithm::testing::{
+        BASE, check_common, max_in_aligned_window, max_in_any_interval, run, secs,
+    };
     use proptest::prelude::*;
 
     const MINUTE: Micros = 60_000_000;
@@ -177,12 +179,7 @@ mod tests {
             let trace = run(|s, now, hits| decide(s, now, limit, window, hits, Charge::IfAllowed), &steps);
             check_common(&trace);
             prop_assert!(max_in_any_interval(&trace, window) < 2 * limit);
-            // Never more than the limit inside one aligned window.
-            let mut per_window = std::collections::HashMap::<u64, u64>::new();
-            for hit in trace.iter().filter(|h| h.outcome.allowed) {
-                *per_window.entry(hit.at / window).or_default() += hit.hits;
-            }
-            prop_assert!(per_window.values().all(|&n| n <= limit));
+            prop_assert!(max_in_aligned_window(&trace, window) <= limit);
         }
 
         #[test]

@@ -93,3 +93,32 @@ pub fn max_in_any_interval(trace: &[Hit], length: Micros) -> u64 {
     }
     best
 }
+
+/// The largest number of admitted hits inside one epoch-aligned window.
+pub fn max_in_aligned_window(trace: &[Hit], window: Micros) -> u64 {
+    let mut per_window = std::collections::HashMap::<u64, u64>::new();
+    for hit in trace.iter().filter(|hit| hit.outcome.allowed) {
+        *per_window.entry(hit.at / window).or_default() += hit.hits;
+    }
+    per_window.values().copied().max().unwrap_or(0)
+}
+
+/// Sends one hit at each instant a client keeping exactly to `limit` per `window` would, on a
+/// µs clock (the k-th at ceil(k·window/limit)), and returns the first denied hit, if any.
+pub fn first_denial_at_the_rate<S: Clone>(
+    decide: impl Fn(Option<&S>, Micros) -> (Option<S>, Outcome),
+    limit: u64,
+    window: Micros,
+    calls: u64,
+) -> Option<u64> {
+    let mut state: Option<S> = None;
+    for k in 0..calls {
+        let offset = (u128::from(k) * u128::from(window)).div_ceil(u128::from(limit));
+        let (next, outcome) = decide(state.as_ref(), BASE + u64::try_from(offset).ok()?);
+        if !outcome.allowed {
+            return Some(k);
+        }
+        state = next.or(state);
+    }
+    None
+}

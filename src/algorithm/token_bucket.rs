@@ -78,7 +78,9 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::testing::{BASE, check_common, max_in_any_interval, run, secs};
+    use crate::algorithm::testing::{
+        BASE, check_common, first_denial_at_the_rate, max_in_any_interval, run, secs,
+    };
     use proptest::prelude::*;
 
     #[test]
@@ -133,13 +135,13 @@ mod tests {
             // a burst of 1 can only be met by a client whose interval is a whole µs.
             let window = secs(window_s);
             let burst = if burst == 1 && !window.is_multiple_of(limit) { 2 } else { burst };
-            let mut state = None;
-            for k in 0..calls {
-                let at = BASE + (u128::from(k) * u128::from(window)).div_ceil(u128::from(limit)) as u64;
-                let (next, outcome) = decide(state.as_ref(), at, limit, window, burst, 1, Charge::IfAllowed);
-                prop_assert!(outcome.allowed, "hit {} at {}", k, at);
-                state = next;
-            }
+            let denied = first_denial_at_the_rate(
+                |state, now| decide(state, now, limit, window, burst, 1, Charge::IfAllowed),
+                limit,
+                window,
+                calls,
+            );
+            prop_assert_eq!(denied, None);
         }
     }
 }

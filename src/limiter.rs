@@ -18,7 +18,7 @@ use crate::limit::Limit;
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
-use crate::storage::{CounterStore, Hit, Role, StoreError};
+use crate::storage::{CounterStore, Hit, Role, StoreError, rejects};
 
 /// A decision code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,8 +71,27 @@ enum Resolved<'r> {
     Limited {
         limits: &'r [Limit],
         rule: Option<&'r Rule>,
+        role: Role,
         first_hit: usize,
     },
+}
+
+impl Resolved<'_> {
+    /// For a limited descriptor: its role and whether any of its limits denied.
+    fn verdict(&self, outcomes: &[Outcome]) -> Option<(Role, bool)> {
+        match self {
+            Resolved::Limited {
+                limits,
+                role,
+                first_hit,
+                ..
+            } => {
+                let own = &outcomes[*first_hit..*first_hit + limits.len()];
+                Some((*role, own.iter().any(|outcome| !outcome.allowed)))
+            }
+            Resolved::NoLimit | Resolved::Unlimited => None,
+        }
+    }
 }
 
 impl RateLimiter {
@@ -98,8 +117,9 @@ impl RateLimiter {
             .descriptors
             .iter()
             .zip(&matches)
-            .map(|(descriptor, found)| {
-                self.resolve(request, descriptor, found, &replaced, &mut hits)
+            .enumerate()
+            .map(|(index, (descriptor, found))| {
+                self.resolve(request, index, descriptor, found, &replaced, &mut hits)
             })
             .collect();
         let outcomes = if hits.is_empty() {
@@ -115,17 +135,20 @@ impl RateLimiter {
             }
             outcomes
         };
+        // The store vetoes by the same rule, so the answer matches what was consumed.
+        let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
+        let overall = if over { Code::OverLimit } else { Code::Ok };
         let statuses: Vec<DescriptorStatus> = resolved
             .into_iter()
             .map(|resolved| status(resolved, &outcomes))
             .collect();
-        let overall = self.overall(&matches, &statuses);
         Ok(Decision { overall, statuses })
     }
 
     fn resolve<'r>(
         &self,
         request: &Request,
+        index: usize,
         descriptor: &Descriptor,
         found: &'r Found<'r>,
         replaced: &[&str],
@@ -154,6 +177,7 @@ impl RateLimiter {
         let first_hit = hits.len();
         for limit in limits {
             hits.push(Hit {
+                descriptor: index,
                 key: keys::counter_key(
                     &request.domain,
                     entries.iter().copied(),
@@ -168,37 +192,8 @@ impl RateLimiter {
         Resolved::Limited {
             limits,
             rule,
+            role,
             first_hit,
-        }
-    }
-
-    /// OVER_LIMIT when a non-quota descriptor is over, or when every quota descriptor is over
-    /// (there being at least one); global shadow mode turns OVER_LIMIT into OK.
-    fn overall(&self, matches: &[Found<'_>], statuses: &[DescriptorStatus]) -> Code {
-        let mut quota = 0;
-        let mut quota_over = 0;
-        let mut over = false;
-        for (status, found) in statuses.iter().zip(matches) {
-            let is_over = matches!(
-                status,
-                DescriptorStatus::Limited {
-                    code: Code::OverLimit,
-                    ..
-                }
-            );
-            let is_quota = matches!(found, Found::Rule(m) if m.rule.quota_mode);
-            if is_quota {
-                quota += 1;
-                quota_over += usize::from(is_over);
-            } else {
-                over |= is_over;
-            }
-        }
-        let over = over || (quota > 0 && quota_over == quota);
-        if over && !self.modes.global_shadow {
-            Code::OverLimit
-        } else {
-            Code::Ok
         }
     }
 }
@@ -250,6 +245,7 @@ fn status(resolved: Resolved<'_>, outcomes: &[Outcome]) -> DescriptorStatus {
             limits,
             rule,
             first_hit,
+            ..
         } => {
             let own = &outcomes[first_hit..first_hit + limits.len()];
             let (index, outcome) = reported(own);

@@ -61,6 +61,7 @@ config_error! {
     empty_rate_limits => "api.yaml:4: domain \"api\" > descriptors[0] (key \"user\") > rate_limits: must not be empty";
     same_window_twice => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1]: same algorithm (fixed_window) and window (60 s) as another limit of this descriptor (5/minute); they would share one counter";
     unlimited_in_rate_limits => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].unlimited: cannot be one of several limits";
+    replaces_a_sibling => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].replaces: \"burst\" names a limit of this same descriptor, which would disable it";
 }
 
 #[test]

@@ -54,6 +54,11 @@ descriptors:
   - key: quota2
     quota_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: quota_layered
+    quota_mode: true
+    rate_limits:
+      - {unit: second, requests_per_unit: 1}
+      - {unit: day, requests_per_unit: 100}
   - key: old
     rate_limit: {unit: minute, requests_per_unit: 1, name: old_limit}
   - key: new
@@ -298,6 +303,52 @@ async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over() {
         [
             limited(OVER, "1/MINUTE", 0, 58),
             limited(OK, "1/MINUTE", 1, 58)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_quota_descriptor_with_several_limits_is_over_when_any_limit_is() {
+    let server = start(&[("modes.yaml", MODES)]).await;
+    let both = request("modes", &[&[("quota_layered", "x")], &[("plain", "p")]]);
+    let first = server.ok(both.clone()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(
+        shapes(&first),
+        [
+            limited(OK, "1/SECOND", 0, 1),
+            limited(OK, "1/MINUTE", 0, 58)
+        ]
+    );
+    // Same second: the only quota descriptor is over, so the request is rejected and, as
+    // answered, nothing is consumed (the day limit and `plain` keep their counts).
+    let second = server
+        .ok(request(
+            "modes",
+            &[&[("quota_layered", "x")], &[("plain", "q")]],
+        ))
+        .await;
+    assert_eq!(second.overall_code, OVER);
+    assert_eq!(
+        shapes(&second),
+        [
+            limited(OVER, "1/SECOND", 0, 1),
+            limited(OK, "1/MINUTE", 1, 58)
+        ]
+    );
+    server.clock.advance(tollgate::clock::MICROS_PER_SECOND);
+    let third = server
+        .ok(request(
+            "modes",
+            &[&[("quota_layered", "x")], &[("plain", "q")]],
+        ))
+        .await;
+    assert_eq!(third.overall_code, OK);
+    assert_eq!(
+        shapes(&third),
+        [
+            limited(OK, "1/SECOND", 0, 1),
+            limited(OK, "1/MINUTE", 0, 57)
         ]
     );
 }

@@ -7,7 +7,7 @@
 //! Exact in integers: the TAT is kept as whole µs plus a remainder in 1/`limit` µs, so an
 //! emission interval of, say, 1 s / 3 loses nothing to rounding.
 
-use super::{Charge, Outcome, div_ceil_u128, to_u64};
+use super::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The theoretical arrival time: `tat + remainder / limit` µs.
@@ -50,7 +50,7 @@ pub fn decide(
     let retry_after = if allowed {
         0
     } else if need > tolerance {
-        reset_after
+        never_retry(reset_after, window)
     } else {
         to_u64(div_ceil_u128(tat + need - now_ticks - tolerance, n))
     };
@@ -69,16 +69,6 @@ pub fn decide(
         remainder: to_u64(new_tat % n),
     });
     (state, outcome)
-}
-
-/// A limit of 0 admits nothing, ever.
-fn never(window: Micros) -> Outcome {
-    Outcome {
-        allowed: false,
-        remaining: 0,
-        reset_after: window,
-        retry_after: window,
-    }
 }
 
 #[cfg(test)]

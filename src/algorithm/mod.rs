@@ -11,7 +11,7 @@
 //! - `remaining` is how many more hits would be admitted right now; `reset_after` is the time
 //!   until the full limit is available again; `retry_after` (denied only) is the time until the
 //!   same hits would be admitted. A call that can never be admitted (more hits than the limit
-//!   or burst) reports `retry_after = reset_after`.
+//!   or burst) reports the longer of `reset_after` and one window.
 
 pub mod fixed_window;
 pub mod gcra;
@@ -182,6 +182,22 @@ pub fn decide(
         expires_at: now.saturating_add(outcome.reset_after),
         outcome,
         state,
+    }
+}
+
+/// The `retry_after` of a call that can never be admitted (more hits than the limit or the
+/// burst): at least a window, so that a client honouring it does not retry in a loop.
+pub(crate) fn never_retry(reset_after: Micros, window: Micros) -> Micros {
+    reset_after.max(window)
+}
+
+/// The outcome for a limit that admits nothing, ever (`requests_per_unit: 0`).
+pub(crate) fn never(window: Micros) -> Outcome {
+    Outcome {
+        allowed: false,
+        remaining: 0,
+        reset_after: window,
+        retry_after: window,
     }
 }
 

@@ -10,7 +10,7 @@
 //! steady traffic can still reach up to `2 × limit − 1` in one window-long interval
 //! (measured in the property test and documented in docs/algorithms.md).
 
-use super::{Charge, Outcome, to_u64};
+use super::{Charge, Outcome, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The current window's start and the counts of it and of the window before.
@@ -30,6 +30,8 @@ pub fn decide(
     charge: Charge,
 ) -> (Option<State>, Outcome) {
     let current = roll(state, now, window);
+    // A clock stepping back into an earlier window counts as the start of the stored one.
+    let now = now.max(current.window_start);
     let elapsed = now - current.window_start;
     let (n, w) = (u128::from(limit), u128::from(window));
     // Weighted previous count, times `window`.
@@ -64,7 +66,8 @@ pub fn decide(
         retry_after: if allowed {
             0
         } else {
-            retry_after(&current, elapsed, limit, window, hits.max(1)).unwrap_or(reset_after)
+            retry_after(&current, elapsed, limit, window, hits.max(1))
+                .unwrap_or_else(|| never_retry(reset_after, window))
         },
     };
     ((consumed > 0).then_some(next), outcome)
@@ -159,6 +162,22 @@ mod tests {
         assert!(later.allowed);
         let (_, earlier) = call(state.as_ref(), now + secs(3) - 1, 10, 1);
         assert!(!earlier.allowed);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_into_the_previous_window_neither_panics_nor_resets() {
+        let start = BASE - BASE % MINUTE;
+        let (state, _) = call(None, start + MINUTE, 1, 1);
+        let (_, outcome) = call(state.as_ref(), start + MINUTE - 1, 1, 1);
+        // Treated as the start of the stored minute: the hit there weighs until the end of
+        // the next one.
+        assert_eq!((outcome.allowed, outcome.retry_after), (false, 2 * MINUTE));
+    }
+
+    #[test]
+    fn a_call_that_can_never_pass_is_told_to_wait_at_least_a_window() {
+        let (_, outcome) = call(None, BASE, 0, 1);
+        assert_eq!((outcome.allowed, outcome.retry_after), (false, MINUTE));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! client sending exactly at the rate is never denied; `burst` at once after a quiet period.
 //! State: two numbers (tokens, last update).
 
-use super::{Charge, Outcome, div_ceil_u128, to_u64};
+use super::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The bucket's level, in units of 1/`window` token, at `updated`.
@@ -25,6 +25,9 @@ pub fn decide(
     hits: u64,
     charge: Charge,
 ) -> (Option<State>, Outcome) {
+    if limit == 0 {
+        return (None, never(window));
+    }
     let (rate, token) = (u128::from(limit), u128::from(window));
     let capacity = u128::from(burst) * token;
     let level = match state {
@@ -36,25 +39,19 @@ pub fn decide(
     };
     let updated = state.map_or(now, |state| state.updated.max(now));
     let need = u128::from(hits.max(1)) * token;
-    let allowed = rate > 0 && need <= level;
+    let allowed = need <= level;
     let consumed = if allowed || charge == Charge::Always {
         hits
     } else {
         0
     };
     let level_after = level.saturating_sub(u128::from(consumed) * token);
-    let refill = |missing: u128| {
-        if rate == 0 {
-            u64::MAX
-        } else {
-            to_u64(div_ceil_u128(missing, rate))
-        }
-    };
+    let refill = |missing: u128| to_u64(div_ceil_u128(missing, rate));
     let reset_after = refill(capacity - level_after);
     let retry_after = if allowed {
         0
     } else if need > capacity {
-        reset_after
+        never_retry(reset_after, window)
     } else {
         refill(need - level)
     };

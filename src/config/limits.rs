@@ -94,10 +94,27 @@ fn several(
                 ),
             ));
         }
-        replaces.extend(spec.replaces()?);
+        replaces.extend(
+            spec.replaces()?
+                .into_iter()
+                .map(|name| (index, item.referenced.line(), name)),
+        );
         limits.push(limit);
     }
-    Ok((Policy::Limited(limits), replaces))
+    // A limit replacing a sibling would drop the whole descriptor, itself included.
+    for (index, line, name) in &replaces {
+        if limits.iter().any(|limit| limit.name.as_ref() == Some(name)) {
+            return Err(builder.error(
+                *line,
+                format!("{here} > rate_limits[{index}].replaces"),
+                format!("{name:?} names a limit of this same descriptor, which would disable it"),
+            ));
+        }
+    }
+    Ok((
+        Policy::Limited(limits),
+        replaces.into_iter().map(|(_, _, name)| name).collect(),
+    ))
 }
 
 /// Two limits of one descriptor would use the same counter key.

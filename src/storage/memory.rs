@@ -109,8 +109,10 @@ impl MemoryStore {
         (self.hasher.hash_one(key) as usize) % SHARDS
     }
 
-    /// Decides `hits` with every involved shard locked (see the module docs).
-    fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
+    /// Decides `hits` with every involved shard locked (see the module docs). The clock is
+    /// read once the locks are held, so a counter's state never comes from a later instant
+    /// than the decision's.
+    fn apply_with(&self, hits: &[Hit], now: impl FnOnce() -> Micros) -> Vec<Outcome> {
         let shard_of_hit: Vec<usize> = hits.iter().map(|hit| self.shard_of(&hit.key)).collect();
         let mut locked: Vec<usize> = shard_of_hit.clone();
         locked.sort_unstable();
@@ -120,6 +122,7 @@ impl MemoryStore {
             .map(|&index| lock(&self.shards[index]))
             .collect();
         let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
+        let now = now();
 
         let stored: Vec<Option<State>> = hits
             .iter()
@@ -213,7 +216,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[tonic::async_trait]
 impl CounterStore for MemoryStore {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        Ok(self.apply_now(hits, self.clock.now()))
+        Ok(self.apply_with(hits, || self.clock.now()))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -232,6 +235,7 @@ mod tests {
     fn hit(user: &str, requests: u64, hits: u64, role: Role) -> Hit {
         let window = 60 * MICROS_PER_SECOND;
         Hit {
+            descriptor: 0,
             key: counter_key(
                 "d",
                 [("user", EntryValue::Actual(user))],
@@ -245,6 +249,21 @@ mod tests {
             },
             hits,
             role,
+        }
+    }
+
+    impl MemoryStore {
+        /// Decides `hits` at `now`, each hit its own descriptor of one request.
+        fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
+            let numbered: Vec<Hit> = hits
+                .iter()
+                .enumerate()
+                .map(|(descriptor, hit)| Hit {
+                    descriptor,
+                    ..hit.clone()
+                })
+                .collect();
+            self.apply_with(&numbered, || now)
         }
     }
 

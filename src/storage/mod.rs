@@ -2,8 +2,9 @@
 //! request at once, so a remote store costs one round trip, and a request is all-or-nothing.
 //!
 //! All-or-nothing: a request consumes on every descriptor or on none. The request is *vetoed*
-//! when an enforced hit is denied, or when it has quota hits and all of them are denied
-//! (quota_mode, as the reference computes the overall code). Shadow hits never veto. When
+//! when an enforced descriptor is over, or when it has quota descriptors and all of them are
+//! over (quota_mode, as the reference computes the overall code); see `rejects`. Shadow hits
+//! never veto. When
 //! vetoed, nothing is consumed and the allowed hits report their unchanged counters. With
 //! `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
 
@@ -30,6 +31,8 @@ pub enum Role {
 /// One counter to decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hit {
+    /// Which descriptor of the request this hit counts for; a descriptor's hits are adjacent.
+    pub descriptor: usize,
     pub key: CounterKey,
     pub params: Params,
     pub hits: u64,
@@ -69,21 +72,34 @@ pub fn build_store(spec: &StoreSpec, charge: Charge) -> Arc<dyn CounterStore> {
     }
 }
 
-/// Whether the request is vetoed, given which hits were allowed (see the module docs).
-pub fn vetoed(hits: &[Hit], allowed: impl Fn(usize) -> bool) -> bool {
-    let mut quota_hits = 0;
-    let mut quota_denied = 0;
-    for (index, hit) in hits.iter().enumerate() {
-        match hit.role {
-            Role::Enforced if !allowed(index) => return true,
+/// Whether a request is rejected, given each limited descriptor's role and whether it is
+/// over: an enforced descriptor over, or every quota descriptor over (there being one). Both
+/// the store's veto and the limiter's overall code use this one rule, so what is consumed and
+/// what is answered always agree.
+pub fn rejects(descriptors: impl IntoIterator<Item = (Role, bool)>) -> bool {
+    let mut quota = 0;
+    let mut quota_over = 0;
+    for (role, over) in descriptors {
+        match role {
+            Role::Enforced if over => return true,
             Role::Quota => {
-                quota_hits += 1;
-                if !allowed(index) {
-                    quota_denied += 1;
-                }
+                quota += 1;
+                quota_over += usize::from(over);
             }
             Role::Enforced | Role::Shadow => {}
         }
     }
-    quota_hits > 0 && quota_denied == quota_hits
+    quota > 0 && quota_over == quota
+}
+
+/// Whether the request is vetoed, given which hits were allowed: a descriptor is over when
+/// any of its hits (one per limit) is denied.
+pub fn vetoed(hits: &[Hit], allowed: impl Fn(usize) -> bool) -> bool {
+    let descriptors = hits.chunk_by(|a, b| a.descriptor == b.descriptor);
+    let mut first = 0;
+    rejects(descriptors.map(|group| {
+        let over = (first..first + group.len()).any(|index| !allowed(index));
+        first += group.len();
+        (group[0].role, over)
+    }))
 }

@@ -136,47 +136,24 @@ pub fn decide(
     charge: Charge,
 ) -> Decision {
     let (n, w) = (params.requests, params.window.max(1));
+    // Each arm: take the stored state if it has this algorithm's shape, run the pure function,
+    // wrap the new state back.
+    macro_rules! run {
+        ($variant:ident, $module:ident($($parameter:expr),*)) => {{
+            let previous = match state {
+                Some(State::$variant(stored)) => Some(stored),
+                _ => None,
+            };
+            let (new, outcome) = $module::decide(previous, now, n, w, $($parameter,)* hits, charge);
+            (new.map(State::$variant), outcome)
+        }};
+    }
     let (state, outcome) = match params.algorithm {
-        Algorithm::FixedWindow { anchor } => {
-            let previous = match state {
-                Some(State::FixedWindow(s)) => Some(s),
-                _ => None,
-            };
-            let (s, o) = fixed_window::decide(previous, now, n, w, anchor, hits, charge);
-            (s.map(State::FixedWindow), o)
-        }
-        Algorithm::SlidingWindow => {
-            let previous = match state {
-                Some(State::SlidingWindow(s)) => Some(s),
-                _ => None,
-            };
-            let (s, o) = sliding_window::decide(previous, now, n, w, hits, charge);
-            (s.map(State::SlidingWindow), o)
-        }
-        Algorithm::SlidingLog { min_interval } => {
-            let previous = match state {
-                Some(State::SlidingLog(s)) => Some(s),
-                _ => None,
-            };
-            let (s, o) = sliding_log::decide(previous, now, n, w, min_interval, hits, charge);
-            (s.map(State::SlidingLog), o)
-        }
-        Algorithm::TokenBucket { burst } => {
-            let previous = match state {
-                Some(State::TokenBucket(s)) => Some(s),
-                _ => None,
-            };
-            let (s, o) = token_bucket::decide(previous, now, n, w, burst, hits, charge);
-            (s.map(State::TokenBucket), o)
-        }
-        Algorithm::Gcra { burst } => {
-            let previous = match state {
-                Some(State::Gcra(s)) => Some(s),
-                _ => None,
-            };
-            let (s, o) = gcra::decide(previous, now, n, w, burst, hits, charge);
-            (s.map(State::Gcra), o)
-        }
+        Algorithm::FixedWindow { anchor } => run!(FixedWindow, fixed_window(anchor)),
+        Algorithm::SlidingWindow => run!(SlidingWindow, sliding_window()),
+        Algorithm::SlidingLog { min_interval } => run!(SlidingLog, sliding_log(min_interval)),
+        Algorithm::TokenBucket { burst } => run!(TokenBucket, token_bucket(burst)),
+        Algorithm::Gcra { burst } => run!(Gcra, gcra(burst)),
     };
     Decision {
         expires_at: now.saturating_add(outcome.reset_after),

@@ -181,8 +181,7 @@ impl RateLimiter {
                 key: keys::counter_key(
                     &request.domain,
                     entries.iter().copied(),
-                    limit.algorithm,
-                    limit.window(),
+                    &limit.params(),
                 ),
                 params: limit.params(),
                 hits: descriptor.hits,

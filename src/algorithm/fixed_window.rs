@@ -4,7 +4,7 @@
 //! first admitted hit. Guarantee: at most `limit` per window, but up to `2 × limit` in a
 //! window-long interval that straddles a boundary.
 
-use super::{Anchor, Charge, Outcome};
+use super::{Anchor, Charge, MAX_COUNT, Outcome};
 use crate::clock::Micros;
 
 /// The window the count belongs to, and the count.
@@ -40,7 +40,7 @@ pub fn decide(
     } else {
         0
     };
-    let count = current.count.saturating_add(consumed);
+    let count = current.count.saturating_add(consumed).min(MAX_COUNT);
     let reset_after = current
         .window_start
         .saturating_add(window)

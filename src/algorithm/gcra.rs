@@ -44,7 +44,9 @@ pub fn decide(
     } else {
         0
     };
-    let new_tat = tat + u128::from(consumed) * interval;
+    // `--count-denied` can charge more than the burst: the TAT then stops at a full burst
+    // ahead, as a token bucket stops at empty, so a flood is not paid back forever.
+    let new_tat = (tat + u128::from(consumed) * interval).min(tat.max(now_ticks + tolerance));
     let ahead = new_tat - now_ticks;
     let reset_after = to_u64(div_ceil_u128(ahead, n));
     let retry_after = if allowed {

@@ -126,6 +126,37 @@ pub struct Params {
     pub window: Micros,
 }
 
+/// Every intermediate value of a decision stays at or below this, so that the Redis scripts,
+/// whose Lua numbers are doubles (exact to 2^53), compute exactly what the Rust functions do.
+/// One bit below 2^53 leaves room for the sum of two such values.
+pub const EXACT_BOUND: u128 = 1 << 52;
+
+/// The time resolutions an algorithm may count in, finest first (windows are whole seconds,
+/// so each divides every window).
+const TICKS: [Micros; 3] = [1, 1_000, 1_000_000];
+
+impl Params {
+    /// The resolution, in µs, this limit counts time in. Algorithms that multiply a count by
+    /// a window (sliding window: limit × window; token bucket and GCRA: burst × window) use
+    /// the finest tick that keeps that product within `EXACT_BOUND`: microseconds for every
+    /// everyday limit, milliseconds or seconds for, say, a million per day. `None`: not even
+    /// whole seconds are exact (the config rejects such a limit).
+    pub fn tick(&self) -> Option<Micros> {
+        let factor = match self.algorithm {
+            Algorithm::SlidingWindow => self.requests,
+            Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => return Some(1),
+        };
+        TICKS.into_iter().find(|&tick| {
+            u128::from(factor.max(1)) * u128::from(self.window / tick) <= EXACT_BOUND
+        })
+    }
+}
+
+/// The largest count a fixed window stores (`--count-denied` keeps adding to a count that is
+/// already over): far above any limit, and exact as a Lua number.
+pub const MAX_COUNT: u64 = 1 << 52;
+
 /// Runs the algorithm of `params` on `state` (None: never seen, forgotten, or state of
 /// another algorithm).
 pub fn decide(
@@ -135,7 +166,11 @@ pub fn decide(
     hits: u64,
     charge: Charge,
 ) -> Decision {
-    let (n, w) = (params.requests, params.window.max(1));
+    // Algorithms count in ticks (see `Params::tick`); times go in and come out in µs. A tick
+    // count is rounded down and a duration up, so a client is never told to come back early.
+    let tick = params.tick().unwrap_or(TICKS[TICKS.len() - 1]);
+    let (n, w) = (params.requests, (params.window / tick).max(1));
+    let now_in_ticks = now / tick;
     // Each arm: take the stored state if it has this algorithm's shape, run the pure function,
     // wrap the new state back.
     macro_rules! run {
@@ -144,16 +179,22 @@ pub fn decide(
                 Some(State::$variant(stored)) => Some(stored),
                 _ => None,
             };
-            let (new, outcome) = $module::decide(previous, now, n, w, $($parameter,)* hits, charge);
+            let (new, outcome) =
+                $module::decide(previous, now_in_ticks, n, w, $($parameter,)* hits, charge);
             (new.map(State::$variant), outcome)
         }};
     }
-    let (state, outcome) = match params.algorithm {
+    let (state, in_ticks) = match params.algorithm {
         Algorithm::FixedWindow { anchor } => run!(FixedWindow, fixed_window(anchor)),
         Algorithm::SlidingWindow => run!(SlidingWindow, sliding_window()),
         Algorithm::SlidingLog { min_interval } => run!(SlidingLog, sliding_log(min_interval)),
         Algorithm::TokenBucket { burst } => run!(TokenBucket, token_bucket(burst)),
         Algorithm::Gcra { burst } => run!(Gcra, gcra(burst)),
+    };
+    let outcome = Outcome {
+        reset_after: in_ticks.reset_after.saturating_mul(tick),
+        retry_after: in_ticks.retry_after.saturating_mul(tick),
+        ..in_ticks
     };
     Decision {
         expires_at: now.saturating_add(outcome.reset_after),

@@ -43,8 +43,10 @@ pub fn decide(
     } else {
         0
     };
+    // Only `--count-denied` can push a count past the limit; a window counts at most `limit`,
+    // which keeps `previous × window` exact in the Redis script (see `Params::tick`).
     let next = State {
-        current: current.current.saturating_add(consumed),
+        current: current.current.saturating_add(consumed).min(limit),
         ..current
     };
     let capacity = to_u64((n * w).saturating_sub(carried) / w);

@@ -186,13 +186,28 @@ impl Spec<'_> {
         };
         let unit_multiplier = self.unit_multiplier(unit)?;
         let algorithm = self.algorithm(requests_per_unit)?;
-        Ok(Limit {
+        let limit = Limit {
             requests_per_unit,
             unit,
             unit_multiplier,
             name: self.name(),
             algorithm,
-        })
+        };
+        if limit.params().tick().is_none() {
+            let factor = match algorithm {
+                Algorithm::SlidingWindow => "requests_per_unit",
+                _ => "burst",
+            };
+            return Err(self.error(
+                self.line,
+                factor,
+                format!(
+                    "{factor} × window in seconds must be at most 2^52 for {} to count exactly; use a shorter unit with a proportional limit",
+                    algorithm.name()
+                ),
+            ));
+        }
+        Ok(limit)
     }
 
     fn unit(&self) -> Result<Unit, ConfigError> {

@@ -17,8 +17,8 @@ use std::fmt::Write as _;
 
 use sha2::{Digest, Sha256};
 
-use crate::algorithm::Algorithm;
-use crate::clock::{MICROS_PER_SECOND, Micros};
+use crate::algorithm::Params;
+use crate::clock::MICROS_PER_SECOND;
 
 /// Identities longer than this are stored by digest, keeping keys short for Redis.
 pub const MAX_INLINE_IDENTITY: usize = 512;
@@ -46,8 +46,7 @@ pub enum EntryValue<'a> {
 pub fn counter_key<'a>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'a str, EntryValue<'a>)>,
-    algorithm: Algorithm,
-    window: Micros,
+    params: &Params,
 ) -> CounterKey {
     let mut identity = String::with_capacity(64);
     push_part(&mut identity, 'd', domain);
@@ -60,12 +59,14 @@ pub fn counter_key<'a>(
     }
     let tag = fnv1a64(identity.as_bytes());
     let mut key = String::with_capacity(identity.len().min(MAX_INLINE_IDENTITY + 1) + 48);
-    let _ = write!(
-        key,
-        "tollgate:v1:{{{tag:016x}}}:{}:{}s:",
-        algorithm.key_tag(),
-        window / MICROS_PER_SECOND
-    );
+    let _ = write!(key, "tollgate:v1:{{{tag:016x}}}:{}", params.algorithm.key_tag());
+    match params.tick() {
+        Some(1) => {}
+        tick => {
+            let _ = write!(key, "@{}us", tick.unwrap_or(0));
+        }
+    }
+    let _ = write!(key, ":{}s:", params.window / MICROS_PER_SECOND);
     if identity.len() > MAX_INLINE_IDENTITY {
         key.push('#');
         for byte in Sha256::digest(identity.as_bytes()) {
@@ -95,6 +96,8 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::clock::Micros;
 
     const MINUTE: Micros = 60 * MICROS_PER_SECOND;
 
@@ -102,10 +105,31 @@ mod tests {
         counter_key(
             domain,
             entries.iter().map(|(k, v)| (*k, EntryValue::Actual(v))),
-            Algorithm::default(),
-            MINUTE,
+            &params(Algorithm::default()),
         )
         .0
+    }
+
+    fn params(algorithm: Algorithm) -> Params {
+        Params {
+            algorithm,
+            requests: 10,
+            window: MINUTE,
+        }
+    }
+
+    #[test]
+    fn a_coarser_tick_is_part_of_the_key() {
+        let day = Params {
+            algorithm: Algorithm::TokenBucket { burst: 1_000_000 },
+            requests: 1_000_000,
+            window: 86_400 * MICROS_PER_SECOND,
+        };
+        let key = counter_key("api", [("user", EntryValue::Actual("a"))], &day);
+        assert_eq!(
+            key.as_str(),
+            "tollgate:v1:{109b2ef74e6221fa}:tb@1000us:86400s:d3:apik4:userv1:a"
+        );
     }
 
     #[test]
@@ -132,14 +156,12 @@ mod tests {
         let shared = counter_key(
             "d",
             [("f", EntryValue::Shared("x*"))],
-            Algorithm::default(),
-            MINUTE,
+            &params(Algorithm::default()),
         );
         let actual = counter_key(
             "d",
             [("f", EntryValue::Actual("x*"))],
-            Algorithm::default(),
-            MINUTE,
+            &params(Algorithm::default()),
         );
         assert_ne!(shared, actual);
     }

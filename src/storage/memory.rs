@@ -233,20 +233,19 @@ mod tests {
     use crate::storage::keys::{EntryValue, counter_key};
 
     fn hit(user: &str, requests: u64, hits: u64, role: Role) -> Hit {
-        let window = 60 * MICROS_PER_SECOND;
+        let params = Params {
+            algorithm: Algorithm::default(),
+            requests,
+            window: 60 * MICROS_PER_SECOND,
+        };
         Hit {
             descriptor: 0,
             key: counter_key(
                 "d",
                 [("user", EntryValue::Actual(user))],
-                Algorithm::default(),
-                window,
+                &params,
             ),
-            params: Params {
-                algorithm: Algorithm::default(),
-                requests,
-                window,
-            },
+            params,
             hits,
             role,
         }

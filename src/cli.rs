@@ -11,7 +11,9 @@ use crate::algorithm::Charge;
 use crate::descriptor::InputLimits;
 use crate::limiter::Modes;
 use crate::server::Options;
-use crate::storage::StoreSpec;
+use crate::service::OnStoreError;
+use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
+use crate::storage::{StoreOptions, StoreSpec};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,9 +59,30 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
 
-    /// Counter store: `memory` (in-process).
+    /// Counter store: `memory` (in-process), `redis://[user:pass@]host:port[/db]`,
+    /// `rediss://…` (TLS), `redis-cluster://[user:pass@]host:port,host:port,…` or
+    /// `rediss-cluster://…`.
     #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
     pub store: String,
+
+    /// File holding the Redis password (overrides one in the URL); a trailing newline is
+    /// ignored.
+    #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE")]
+    pub redis_password_file: Option<PathBuf>,
+
+    /// Longest wait for one Redis call (never longer than the client's gRPC deadline).
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub store_timeout: Duration,
+
+    /// What a request gets when the store fails: UNAVAILABLE (Envoy's failure_mode_deny
+    /// decides), OK, or OVER_LIMIT.
+    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable)]
+    pub on_store_error: OnStoreError,
+
+    /// Counters a Redis store remembers as denied, to answer them locally until their retry
+    /// time (0: off).
+    #[arg(long, env = "TOLLGATE_DENY_CACHE_SIZE", default_value_t = 100_000)]
+    pub deny_cache_size: usize,
 
     /// Most counters the memory store keeps; beyond it the least recently used are evicted.
     #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
@@ -143,8 +166,14 @@ pub struct QueryArgs {
 /// Why `serve`'s flags cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
-    #[error("--store: unsupported store {0:?}; expected `memory`")]
+    #[error(
+        "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `redis-cluster://…` or `rediss-cluster://…`"
+    )]
     UnsupportedStore(String),
+    #[error(transparent)]
+    Redis(#[from] RedisSpecError),
+    #[error("--redis-password-file {path}: {error}")]
+    PasswordFile { path: String, error: std::io::Error },
 }
 
 impl ServeArgs {
@@ -153,7 +182,32 @@ impl ServeArgs {
             "memory" => Ok(StoreSpec::Memory {
                 max_keys: self.memory_max_keys,
             }),
-            other => Err(ArgsError::UnsupportedStore(other.to_owned())),
+            url => match RedisSpec::parse(url, self.redis_password()?) {
+                Some(spec) => Ok(StoreSpec::Redis(spec?)),
+                // The URL is not echoed whole: it may carry a password.
+                None => Err(ArgsError::UnsupportedStore(
+                    url.split("://").next().unwrap_or_default().to_owned(),
+                )),
+            },
+        }
+    }
+
+    fn redis_password(&self) -> Result<Option<String>, ArgsError> {
+        let Some(path) = &self.redis_password_file else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path).map_err(|error| ArgsError::PasswordFile {
+            path: path.display().to_string(),
+            error,
+        })?;
+        Ok(Some(text.trim_end_matches(['\r', '\n']).to_owned()))
+    }
+
+    pub fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            charge: self.charge(),
+            timeout: self.store_timeout,
+            deny_cache_size: self.deny_cache_size,
         }
     }
 
@@ -180,6 +234,7 @@ impl ServeArgs {
             max_request_bytes: self.bounds.max_request_bytes,
             shutdown_delay: self.shutdown_delay,
             drain_timeout: self.drain_timeout,
+            on_store_error: self.on_store_error,
             ..Options::default()
         }
     }
@@ -233,7 +288,7 @@ mod tests {
         assert_eq!(args.drain_timeout, Duration::from_secs(2));
         assert_eq!(
             args.store_spec().unwrap_err().to_string(),
-            "--store: unsupported store \"etcd://x\"; expected `memory`"
+            "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `redis-cluster://…` or `rediss-cluster://…`"
         );
     }
 

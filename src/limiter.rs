@@ -178,11 +178,7 @@ impl RateLimiter {
         for limit in limits {
             hits.push(Hit {
                 descriptor: index,
-                key: keys::counter_key(
-                    &request.domain,
-                    entries.iter().copied(),
-                    &limit.params(),
-                ),
+                key: keys::counter_key(&request.domain, entries.iter().copied(), &limit.params()),
                 params: limit.params(),
                 hits: descriptor.hits,
                 role,

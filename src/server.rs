@@ -18,7 +18,7 @@ use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RuleSet;
-use crate::service::RlsService;
+use crate::service::{OnStoreError, RlsService};
 use crate::storage::CounterStore;
 
 /// Server settings that are not about counting.
@@ -34,6 +34,8 @@ pub struct Options {
     pub drain_timeout: Duration,
     /// How often the store is pinged for health.
     pub probe_every: Duration,
+    /// What a request gets when the store fails.
+    pub on_store_error: OnStoreError,
 }
 
 impl Default for Options {
@@ -45,6 +47,7 @@ impl Default for Options {
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(10),
             probe_every: Duration::from_secs(1),
+            on_store_error: OnStoreError::default(),
         }
     }
 }
@@ -99,7 +102,8 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let limiter = Arc::new(RateLimiter::new(rules, Arc::clone(&store), options.modes));
-    let service = RlsService::new(Arc::clone(&limiter), options.input_limits);
+    let service = RlsService::new(Arc::clone(&limiter), options.input_limits)
+        .with_on_store_error(options.on_store_error);
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let probe = tokio::spawn(health::probe_store(

@@ -2,6 +2,7 @@
 //! `tonic::Status`. Nothing else happens here.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
@@ -12,11 +13,27 @@ use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
 use crate::pb::{self, rate_limit_response as rls};
 use crate::storage::StoreError;
 
+/// What a request gets when the store fails (`--on-store-error`, DESIGN §7).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnStoreError {
+    /// gRPC UNAVAILABLE: Envoy's `failure_mode_deny` decides.
+    #[default]
+    Unavailable,
+    /// OK for every descriptor, marked with the `x-tollgate-store-error` header.
+    Allow,
+    /// OVER_LIMIT for every descriptor, marked likewise.
+    Deny,
+}
+
+/// The response header that marks an answer given without the store.
+pub const STORE_ERROR_HEADER: &str = "x-tollgate-store-error";
+
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 #[derive(Clone)]
 pub struct RlsService {
     limiter: Arc<RateLimiter>,
     input_limits: InputLimits,
+    on_store_error: OnStoreError,
 }
 
 impl RlsService {
@@ -24,18 +41,86 @@ impl RlsService {
         Self {
             limiter,
             input_limits,
+            on_store_error: OnStoreError::default(),
         }
     }
 
-    /// Validates, decides and encodes one request; shared by gRPC and `POST /json`.
+    pub fn with_on_store_error(self, on_store_error: OnStoreError) -> Self {
+        Self {
+            on_store_error,
+            ..self
+        }
+    }
+
+    /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
+    /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
     pub async fn decide(
         &self,
         request: pb::RateLimitRequest,
+        deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
         let request = descriptor::Request::from_pb(request, &self.input_limits)?;
-        let decision = self.limiter.should_rate_limit(&request).await?;
-        Ok(encode(decision))
+        let decision = self.limiter.should_rate_limit(&request);
+        let decided = match deadline {
+            Some(deadline) => tokio::time::timeout(deadline, decision)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable(
+                        "no answer within the client's deadline".into(),
+                    ))
+                }),
+            None => decision.await,
+        };
+        match decided {
+            Ok(decision) => Ok(encode(decision)),
+            Err(error) => self.without_store(error, request.descriptors.len()),
+        }
     }
+
+    /// The answer when the store failed, per `--on-store-error`.
+    fn without_store(
+        &self,
+        error: StoreError,
+        descriptors: usize,
+    ) -> Result<pb::RateLimitResponse, Error> {
+        let code = match self.on_store_error {
+            OnStoreError::Unavailable => return Err(Error::Store(error)),
+            OnStoreError::Allow => rls::Code::Ok,
+            OnStoreError::Deny => rls::Code::OverLimit,
+        };
+        tracing::warn!(%error, policy = ?self.on_store_error, "store call failed; answering by policy");
+        Ok(pb::RateLimitResponse {
+            overall_code: code as i32,
+            statuses: (0..descriptors)
+                .map(|_| rls::DescriptorStatus {
+                    code: code as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            response_headers_to_add: vec![pb::HeaderValue {
+                key: STORE_ERROR_HEADER.into(),
+                value: format!("{:?}", self.on_store_error).to_lowercase(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+    }
+}
+
+/// The `grpc-timeout` a client sent (`<digits><unit>`, units H M S m u n), if any.
+fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 #[tonic::async_trait]
@@ -45,11 +130,12 @@ impl pb::RateLimitService for RlsService {
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
+        let deadline = grpc_timeout(request.metadata());
         let request = request.into_inner();
         let span = tracing::Span::current();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
-        let response = self.decide(request).await.map_err(Status::from)?;
+        let response = self.decide(request, deadline).await.map_err(Status::from)?;
         span.record("code", response.overall_code);
         Ok(Response::new(response))
     }

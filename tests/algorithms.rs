@@ -1,4 +1,5 @@
-//! Each algorithm's signature behaviour through the gRPC server and the memory store, with a
+//! Each algorithm's signature behaviour through the gRPC server on every store (a contract test
+//! per store: memory, redis, cluster), with a
 //! hand-driven clock starting at t = 2222 s, and several limits on one descriptor.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -35,8 +36,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1, anchor: first_hit}
 "#;
 
-async fn server() -> TestServer {
-    start(&[("algo.yaml", ALGO)]).await
+async fn server(store: StoreKind) -> TestServer {
+    start_on(store, &[("algo.yaml", ALGO)]).await
 }
 
 async fn one(server: &TestServer, key: &str) -> (i32, String, u32, i64) {
@@ -45,9 +46,10 @@ async fn one(server: &TestServer, key: &str) -> (i32, String, u32, i64) {
     shape(&response.statuses[0])
 }
 
-#[tokio::test]
-async fn fixed_window_lets_twice_the_limit_through_a_boundary_and_sliding_log_does_not() {
-    let server = server().await;
+async fn fixed_window_lets_twice_the_limit_through_a_boundary_and_sliding_log_does_not(
+    store: StoreKind,
+) {
+    let server = server(store).await;
     // Half a second before the minute boundary at 2280 s.
     server.clock.advance(57 * SECOND + SECOND / 2);
     for remaining in [2, 1, 0] {
@@ -71,9 +73,8 @@ async fn fixed_window_lets_twice_the_limit_through_a_boundary_and_sliding_log_do
     assert_eq!(one(&server, "log").await, limited(OVER, "3/MINUTE", 0, 59));
 }
 
-#[tokio::test]
-async fn sliding_window_weights_the_previous_minute() {
-    let server = server().await;
+async fn sliding_window_weights_the_previous_minute(store: StoreKind) {
+    let server = server(store).await;
     server.clock.advance(57 * SECOND); // 2279 s: the last second of a minute
     for remaining in (0..10).rev() {
         assert_eq!(
@@ -102,10 +103,9 @@ async fn sliding_window_weights_the_previous_minute() {
     );
 }
 
-#[tokio::test]
-async fn token_bucket_and_gcra_admit_the_burst_then_one_per_second() {
+async fn token_bucket_and_gcra_admit_the_burst_then_one_per_second(store: StoreKind) {
     for key in ["bucket", "gcra"] {
-        let server = server().await;
+        let server = server(store).await;
         for (remaining, reset) in [(4, 1), (3, 2), (2, 3), (1, 4), (0, 5)] {
             assert_eq!(
                 one(&server, key).await,
@@ -139,9 +139,8 @@ async fn token_bucket_and_gcra_admit_the_burst_then_one_per_second() {
     }
 }
 
-#[tokio::test]
-async fn min_interval_denies_a_hit_1s_after_the_last_and_admits_one_3s_after() {
-    let server = server().await;
+async fn min_interval_denies_a_hit_1s_after_the_last_and_admits_one_3s_after(store: StoreKind) {
+    let server = server(store).await;
     assert_eq!(one(&server, "push").await, limited(OK, "10/MINUTE", 9, 60));
     server.clock.advance(SECOND);
     assert_eq!(one(&server, "push").await, limited(OVER, "10/MINUTE", 0, 2));
@@ -149,9 +148,8 @@ async fn min_interval_denies_a_hit_1s_after_the_last_and_admits_one_3s_after() {
     assert_eq!(one(&server, "push").await, limited(OK, "10/MINUTE", 8, 60));
 }
 
-#[tokio::test]
-async fn a_ten_second_window_is_reported_with_its_multiplier() {
-    let server = server().await;
+async fn a_ten_second_window_is_reported_with_its_multiplier(store: StoreKind) {
+    let server = server(store).await;
     // 2222 s: the 10-second window started at 2220.
     assert_eq!(
         one(&server, "ten_seconds").await,
@@ -178,10 +176,10 @@ async fn a_ten_second_window_is_reported_with_its_multiplier() {
     );
 }
 
-#[tokio::test]
-async fn per_second_and_per_minute_on_one_descriptor_report_the_tighter_and_share_nothing_on_denial()
- {
-    let server = server().await;
+async fn per_second_and_per_minute_on_one_descriptor_report_the_tighter_and_share_nothing_on_denial(
+    store: StoreKind,
+) {
+    let server = server(store).await;
     // 2222 s; the minute ends at 2280.
     assert_eq!(one(&server, "layered").await, limited(OK, "2/SECOND", 1, 1));
     assert_eq!(one(&server, "layered").await, limited(OK, "2/SECOND", 0, 1));
@@ -204,12 +202,21 @@ async fn per_second_and_per_minute_on_one_descriptor_report_the_tighter_and_shar
     );
 }
 
-#[tokio::test]
-async fn first_hit_anchor_counts_a_minute_from_the_first_hit() {
-    let server = server().await;
+async fn first_hit_anchor_counts_a_minute_from_the_first_hit(store: StoreKind) {
+    let server = server(store).await;
     assert_eq!(one(&server, "first").await, limited(OK, "1/MINUTE", 0, 60));
     server.clock.advance(59 * SECOND);
     assert_eq!(one(&server, "first").await, limited(OVER, "1/MINUTE", 0, 1));
     server.clock.advance(SECOND);
     assert_eq!(one(&server, "first").await, limited(OK, "1/MINUTE", 0, 60));
 }
+
+contract!(
+    per_second_and_per_minute_on_one_descriptor_report_the_tighter_and_share_nothing_on_denial,
+    fixed_window_lets_twice_the_limit_through_a_boundary_and_sliding_log_does_not,
+    sliding_window_weights_the_previous_minute,
+    token_bucket_and_gcra_admit_the_burst_then_one_per_second,
+    min_interval_denies_a_hit_1s_after_the_last_and_admits_one_3s_after,
+    a_ten_second_window_is_reported_with_its_multiplier,
+    first_hit_anchor_counts_a_minute_from_the_first_hit,
+);

@@ -65,9 +65,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, replaces: [{name: old_limit}]}
 "#;
 
-#[tokio::test]
-async fn the_three_status_shapes() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn the_three_status_shapes(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let unknown_domain = server.ok(request("nope", &[&[("user", "x")]])).await;
     assert_eq!(unknown_domain.overall_code, OK);
     assert_eq!(shapes(&unknown_domain), [limited(OK, "-", 0, -1)]);
@@ -83,9 +82,8 @@ async fn the_three_status_shapes() {
     );
 }
 
-#[tokio::test]
-async fn a_limit_of_n_admits_n_per_epoch_aligned_window() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn a_limit_of_n_admits_n_per_epoch_aligned_window(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let one = request("api", &[&[("user", "alice")]]);
     for remaining in [2, 1, 0] {
         assert_eq!(
@@ -109,25 +107,22 @@ async fn a_limit_of_n_admits_n_per_epoch_aligned_window() {
     );
 }
 
-#[tokio::test]
-async fn reset_rounds_up_to_whole_seconds() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn reset_rounds_up_to_whole_seconds(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     server.clock.advance(MICROS_PER_SECOND / 2);
     let response = server.ok(request("api", &[&[("key3", "x")]])).await;
     assert_eq!(shapes(&response), [limited(OK, "10/HOUR", 9, 1378)]);
 }
 
-#[tokio::test]
-async fn requests_per_unit_zero_is_always_over() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn requests_per_unit_zero_is_always_over(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let response = server.ok(request("api", &[&[("blocked", "x")]])).await;
     assert_eq!(response.overall_code, OVER);
     assert_eq!(shapes(&response), [limited(OVER, "0/SECOND", 0, 1)]);
 }
 
-#[tokio::test]
-async fn hits_addend_descriptor_value_wins_even_zero_and_request_zero_means_one() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn hits_addend_descriptor_value_wins_even_zero_and_request_zero_means_one(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let mut five = request("api", &[&[("key2", "h")]]);
     five.hits_addend = 5;
     assert_eq!(
@@ -157,9 +152,8 @@ async fn hits_addend_descriptor_value_wins_even_zero_and_request_zero_means_one(
     );
 }
 
-#[tokio::test]
-async fn a_request_over_its_hits_is_denied_without_consuming() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn a_request_over_its_hits_is_denied_without_consuming(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let mut big = request("api", &[&[("key2", "big")]]);
     big.hits_addend = 21;
     assert_eq!(
@@ -173,9 +167,8 @@ async fn a_request_over_its_hits_is_denied_without_consuming() {
     );
 }
 
-#[tokio::test]
-async fn overrides_apply_when_the_domain_exists() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn overrides_apply_when_the_domain_exists(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let mut with_override = request("api", &[&[("anything", "x")]]);
     with_override.descriptors[0].limit = Some(RateLimitOverride {
         requests_per_unit: 10,
@@ -208,9 +201,8 @@ async fn overrides_apply_when_the_domain_exists() {
     );
 }
 
-#[tokio::test]
-async fn replaced_limits_report_no_limit_and_are_not_counted() {
-    let server = start(&[("modes.yaml", MODES)]).await;
+async fn replaced_limits_report_no_limit_and_are_not_counted(store: StoreKind) {
+    let server = start_on(store, &[("modes.yaml", MODES)]).await;
     let both = request("modes", &[&[("old", "x")], &[("new", "x")]]);
     for remaining in [2, 1, 0] {
         let response = server.ok(both.clone()).await;
@@ -227,9 +219,8 @@ async fn replaced_limits_report_no_limit_and_are_not_counted() {
     assert_eq!(shapes(&alone), [limited(OK, "1/MINUTE", 0, 58)]);
 }
 
-#[tokio::test]
-async fn a_shadow_rule_reports_but_never_denies() {
-    let server = start(&[("modes.yaml", MODES)]).await;
+async fn a_shadow_rule_reports_but_never_denies(store: StoreKind) {
+    let server = start_on(store, &[("modes.yaml", MODES)]).await;
     let shadow = request("modes", &[&[("shadow", "x")]]);
     assert_eq!(
         shapes(&server.ok(shadow.clone()).await),
@@ -240,13 +231,13 @@ async fn a_shadow_rule_reports_but_never_denies() {
     assert_eq!(shapes(&second), [limited(OK, "1/MINUTE", 0, 58)]);
 }
 
-#[tokio::test]
-async fn global_shadow_mode_answers_ok_and_keeps_statuses() {
+async fn global_shadow_mode_answers_ok_and_keeps_statuses(store: StoreKind) {
     let mut options = Options::default();
     options.modes.global_shadow = true;
     let server = start_with(
         &[("modes.yaml", MODES)],
         Setup {
+            store,
             options,
             ..Setup::default()
         },
@@ -259,9 +250,8 @@ async fn global_shadow_mode_answers_ok_and_keeps_statuses() {
     assert_eq!(shapes(&second), [limited(OVER, "1/MINUTE", 0, 58)]);
 }
 
-#[tokio::test]
-async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over() {
-    let server = start(&[("modes.yaml", MODES)]).await;
+async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over(store: StoreKind) {
+    let server = start_on(store, &[("modes.yaml", MODES)]).await;
     let both = request("modes", &[&[("quota1", "x")], &[("quota2", "x")]]);
     let first = server.ok(both.clone()).await;
     assert_eq!(first.overall_code, OK);
@@ -307,9 +297,8 @@ async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over() {
     );
 }
 
-#[tokio::test]
-async fn a_quota_descriptor_with_several_limits_is_over_when_any_limit_is() {
-    let server = start(&[("modes.yaml", MODES)]).await;
+async fn a_quota_descriptor_with_several_limits_is_over_when_any_limit_is(store: StoreKind) {
+    let server = start_on(store, &[("modes.yaml", MODES)]).await;
     let both = request("modes", &[&[("quota_layered", "x")], &[("plain", "p")]]);
     let first = server.ok(both.clone()).await;
     assert_eq!(first.overall_code, OK);
@@ -353,9 +342,8 @@ async fn a_quota_descriptor_with_several_limits_is_over_when_any_limit_is() {
     );
 }
 
-#[tokio::test]
-async fn a_rejected_request_consumes_nothing_on_its_other_descriptors() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn a_rejected_request_consumes_nothing_on_its_other_descriptors(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let pair = request("api", &[&[("a", "1")], &[("b", "1")]]);
     assert_eq!(
         shapes(&server.ok(pair.clone()).await),
@@ -377,11 +365,11 @@ async fn a_rejected_request_consumes_nothing_on_its_other_descriptors() {
     assert_eq!(shapes(&alone), [limited(OK, "5/MINUTE", 3, 58)]);
 }
 
-#[tokio::test]
-async fn count_denied_counts_every_descriptor_like_the_reference() {
+async fn count_denied_counts_every_descriptor_like_the_reference(store: StoreKind) {
     let server = start_with(
         &[("api.yaml", API)],
         Setup {
+            store,
             charge: Charge::Always,
             ..Setup::default()
         },
@@ -401,12 +389,11 @@ async fn count_denied_counts_every_descriptor_like_the_reference() {
     assert_eq!(shapes(&alone), [limited(OK, "5/MINUTE", 2, 58)]);
 }
 
-#[tokio::test]
-async fn the_reference_two_descriptor_scenario_freezes_the_passing_counter() {
+async fn the_reference_two_descriptor_scenario_freezes_the_passing_counter(store: StoreKind) {
     // Reference integration scenario 4 (key2 20/min + key3 10/h, 15 calls): from call 11 the
     // request is over; with all-or-nothing key2 stays at 10 remaining, as the reference's
     // STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT promises (without its race).
-    let server = start(&[("api.yaml", API)]).await;
+    let server = start_on(store, &[("api.yaml", API)]).await;
     let both = request("api", &[&[("key2", "r")], &[("key3", "r")]]);
     for call in 1..=15u32 {
         let response = server.ok(both.clone()).await;
@@ -432,9 +419,8 @@ async fn the_reference_two_descriptor_scenario_freezes_the_passing_counter() {
     }
 }
 
-#[tokio::test]
-async fn share_threshold_shares_one_counter_and_plain_wildcards_do_not() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn share_threshold_shares_one_counter_and_plain_wildcards_do_not(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     for _ in 0..10 {
         server
             .ok(request("api", &[&[("files", "files/a.pdf")]]))
@@ -453,9 +439,8 @@ async fn share_threshold_shares_one_counter_and_plain_wildcards_do_not() {
     }
 }
 
-#[tokio::test]
-async fn separators_in_keys_and_values_never_share_a_counter() {
-    let server = start(&[("api.yaml", API)]).await;
+async fn separators_in_keys_and_values_never_share_a_counter(store: StoreKind) {
+    let server = start_on(store, &[("api.yaml", API)]).await;
     // The reference keys both as `api_a_b_c_…` and would count them together.
     let first = server.ok(request("api", &[&[("a_b", "c")]])).await;
     assert_eq!(shapes(&first), [limited(OK, "1/MINUTE", 0, 58)]);
@@ -467,9 +452,8 @@ async fn separators_in_keys_and_values_never_share_a_counter() {
     assert_eq!(shapes(&colon_two), [limited(OK, "-", 0, -1)]);
 }
 
-#[tokio::test]
-async fn two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty() {
-    let server = start(&[("hot.yaml", "domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 50}\n")]).await;
+async fn two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty(store: StoreKind) {
+    let server = start_on(store, &[("hot.yaml", "domain: hot\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 50}\n")]).await;
     let client = server.client().await;
     let calls = (0..200).map(|_| {
         let mut client = client.clone();
@@ -518,3 +502,24 @@ async fn malformed_requests_are_invalid_argument_naming_the_field() {
         );
     }
 }
+
+contract!(
+    the_three_status_shapes,
+    a_limit_of_n_admits_n_per_epoch_aligned_window,
+    reset_rounds_up_to_whole_seconds,
+    requests_per_unit_zero_is_always_over,
+    hits_addend_descriptor_value_wins_even_zero_and_request_zero_means_one,
+    a_request_over_its_hits_is_denied_without_consuming,
+    overrides_apply_when_the_domain_exists,
+    replaced_limits_report_no_limit_and_are_not_counted,
+    a_shadow_rule_reports_but_never_denies,
+    global_shadow_mode_answers_ok_and_keeps_statuses,
+    quota_mode_is_over_only_when_every_quota_descriptor_is_over,
+    a_quota_descriptor_with_several_limits_is_over_when_any_limit_is,
+    a_rejected_request_consumes_nothing_on_its_other_descriptors,
+    count_denied_counts_every_descriptor_like_the_reference,
+    the_reference_two_descriptor_scenario_freezes_the_passing_counter,
+    share_threshold_shares_one_counter_and_plain_wildcards_do_not,
+    separators_in_keys_and_values_never_share_a_counter,
+    two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty,
+);

@@ -60,7 +60,7 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
             return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response();
         }
     };
-    match admin.service.decide(request).await {
+    match admin.service.decide(request, None).await {
         Ok(response) => {
             let status = match json::overall_code(&response) {
                 "OK" => StatusCode::OK,

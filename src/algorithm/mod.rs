@@ -147,9 +147,9 @@ impl Params {
             Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
             Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => return Some(1),
         };
-        TICKS.into_iter().find(|&tick| {
-            u128::from(factor.max(1)) * u128::from(self.window / tick) <= EXACT_BOUND
-        })
+        TICKS
+            .into_iter()
+            .find(|&tick| u128::from(factor.max(1)) * u128::from(self.window / tick) <= EXACT_BOUND)
     }
 }
 

@@ -59,7 +59,11 @@ pub fn counter_key<'a>(
     }
     let tag = fnv1a64(identity.as_bytes());
     let mut key = String::with_capacity(identity.len().min(MAX_INLINE_IDENTITY + 1) + 48);
-    let _ = write!(key, "tollgate:v1:{{{tag:016x}}}:{}", params.algorithm.key_tag());
+    let _ = write!(
+        key,
+        "tollgate:v1:{{{tag:016x}}}:{}",
+        params.algorithm.key_tag()
+    );
     match params.tick() {
         Some(1) => {}
         tick => {

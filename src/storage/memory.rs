@@ -240,11 +240,7 @@ mod tests {
         };
         Hit {
             descriptor: 0,
-            key: counter_key(
-                "d",
-                [("user", EntryValue::Actual(user))],
-                &params,
-            ),
+            key: counter_key("d", [("user", EntryValue::Actual(user))], &params),
             params,
             hits,
             role,

@@ -8,10 +8,15 @@
 //! vetoed, nothing is consumed and the allowed hits report their unchanged counters. With
 //! `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
 
+pub mod deny_cache;
+pub mod guard;
 pub mod keys;
 pub mod memory;
+pub mod redis;
+pub mod script;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::algorithm::{Charge, Outcome, Params};
 use crate::clock::SystemClock;
@@ -60,14 +65,37 @@ pub trait CounterStore: Send + Sync + 'static {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
     Memory { max_keys: usize },
+    Redis(redis::RedisSpec),
+}
+
+/// Behaviour common to the stores, from the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    pub charge: Charge,
+    /// Bound on one call to a remote store.
+    pub timeout: Duration,
+    /// Counters the local deny cache of a remote store remembers (0: off).
+    pub deny_cache_size: usize,
 }
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
-/// expired counters in a background task).
-pub fn build_store(spec: &StoreSpec, charge: Charge) -> Arc<dyn CounterStore> {
+/// expired counters in a background task; Redis is connected to in the background).
+pub fn build_store(spec: &StoreSpec, options: StoreOptions) -> Arc<dyn CounterStore> {
     match spec {
         StoreSpec::Memory { max_keys } => {
-            memory::MemoryStore::new(*max_keys, charge, Arc::new(SystemClock)).start()
+            memory::MemoryStore::new(*max_keys, options.charge, Arc::new(SystemClock)).start()
+        }
+        StoreSpec::Redis(spec) => {
+            let store = redis::RedisStore::start(
+                spec.clone(),
+                redis::RedisOptions {
+                    charge: options.charge,
+                    timeout: options.timeout,
+                    deny_cache_size: options.deny_cache_size,
+                    clock: None,
+                },
+            );
+            Arc::new(guard::Guarded::new(store, options.timeout))
         }
     }
 }

@@ -2,6 +2,8 @@
 //! a tiny HTTP/1.1 client, request builders, and a guard for a `tollgate` child process.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod redis_process;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -15,8 +17,53 @@ use tollgate::algorithm::Charge;
 use tollgate::clock::ManualClock;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 use tollgate::server::{self, Listeners, Options, ServerError};
+use tollgate::storage::CounterStore;
+use tollgate::storage::guard::Guarded;
 use tollgate::storage::memory::MemoryStore;
+use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
 use tonic::transport::Channel;
+
+use redis_process::{RedisCluster, RedisServer};
+
+/// Which store a test server counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    Memory,
+    /// A standalone redis-server started for the test.
+    Redis,
+    /// A 3-master Redis Cluster started for the test.
+    Cluster,
+}
+
+/// The Redis processes behind a test server, stopped when it drops.
+pub enum Backing {
+    None,
+    Redis(RedisServer),
+    Cluster(RedisCluster),
+}
+
+/// Runs each named scenario (`async fn name(store: StoreKind)`) as one test per store:
+/// `name::memory`, `name::redis`, `name::cluster`.
+#[macro_export]
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            use super::common::StoreKind;
+            #[tokio::test]
+            async fn memory() {
+                super::$name(StoreKind::Memory).await
+            }
+            #[tokio::test]
+            async fn redis() {
+                super::$name(StoreKind::Redis).await
+            }
+            #[tokio::test]
+            async fn cluster() {
+                super::$name(StoreKind::Cluster).await
+            }
+        }
+    )*};
+}
 
 /// 2222 s after the epoch, the instant the reference's tests use: a minute window has 58 s
 /// left, a second window 1 s.
@@ -30,12 +77,15 @@ pub struct TestServer {
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
     _dir: tempfile::TempDir,
+    /// Dropped after the server is signalled to stop.
+    pub backing: Backing,
 }
 
 pub struct Setup {
     pub options: Options,
     pub charge: Charge,
     pub max_keys: usize,
+    pub store: StoreKind,
 }
 
 impl Default for Setup {
@@ -44,6 +94,55 @@ impl Default for Setup {
             options: Options::default(),
             charge: Charge::IfAllowed,
             max_keys: 100_000,
+            store: StoreKind::Memory,
+        }
+    }
+}
+
+/// Starts a server on `store` with the clock at `T2222`.
+pub async fn start_on(store: StoreKind, files: &[(&str, &str)]) -> TestServer {
+    start_with(
+        files,
+        Setup {
+            store,
+            ..Setup::default()
+        },
+    )
+    .await
+}
+
+/// A Redis store on `url` that takes its time from `clock`, as the contract tests need.
+pub fn redis_store(url: &str, charge: Charge, clock: &ManualClock) -> Arc<dyn CounterStore> {
+    let spec = RedisSpec::parse(url, None).unwrap().unwrap();
+    // Generous: the machine running the tests may be loaded.
+    let timeout = Duration::from_secs(2);
+    let store = RedisStore::start(
+        spec,
+        RedisOptions {
+            charge,
+            timeout,
+            deny_cache_size: 1_000,
+            clock: Some(Arc::new(clock.clone())),
+        },
+    );
+    Arc::new(Guarded::new(store, timeout))
+}
+
+fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Backing) {
+    match setup.store {
+        StoreKind::Memory => (
+            MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone())).start(),
+            Backing::None,
+        ),
+        StoreKind::Redis => {
+            let server = RedisServer::start();
+            let store = redis_store(&server.url(), setup.charge, clock);
+            (store, Backing::Redis(server))
+        }
+        StoreKind::Cluster => {
+            let cluster = RedisCluster::start(3, 0);
+            let store = redis_store(&cluster.url(), setup.charge, clock);
+            (store, Backing::Cluster(cluster))
         }
     }
 }
@@ -57,7 +156,7 @@ pub async fn start_with(files: &[(&str, &str)], setup: Setup) -> TestServer {
     let dir = config_dir(files);
     let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
-    let store = MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone())).start();
+    let (store, backing) = build_store(&setup, &clock);
     let listeners = Listeners::bind(loopback(), loopback())
         .await
         .expect("bind loopback");
@@ -74,6 +173,7 @@ pub async fn start_with(files: &[(&str, &str)], setup: Setup) -> TestServer {
         stop: Some(stop),
         task: Some(task),
         _dir: dir,
+        backing,
     };
     server.wait_ready().await;
     server

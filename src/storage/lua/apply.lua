@@ -1,0 +1,241 @@
+-- Part 7: the entry point. Decides every hit of one request (or, on a cluster, of the hits of
+-- one request that live in one slot) atomically, as src/storage/memory.rs does in-process.
+--
+-- KEYS[i]   the counter of hit i (all in one slot; a counter may appear more than once).
+-- ARGV[1]   "apply", or "refund": give back hits a committed call consumed, because another
+--           slot of the same request vetoed it.
+-- ARGV[2]   now in µs; "" to take it from Redis TIME (tests pass explicit instants). For
+--           "refund", the `now` the committed call returned.
+-- ARGV[3]   "1" with --count-denied (denied hits consume too), else "0".
+-- ARGV[4]   "1" when these are all the hits of the request, so the whole veto rule applies
+--           here; "0" when other slots hold the rest (only an enforced denial vetoes here,
+--           the caller refunds when the whole request turns out vetoed).
+-- ARGV[5..] 8 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
+--           (anchor, min_interval in ticks, or burst), hits, role (e enforced|q quota|s
+--           shadow), descriptor index (a descriptor's hits are adjacent).
+-- Returns   {now µs, committed (1|0), then 4 per hit: allowed (1|0), remaining,
+--           reset_after µs, retry_after µs}.
+-- State     one string per counter, its numbers separated by spaces; expires once the limit
+--           is fully available again (PX), an hour later with an explicit clock, which does
+--           not run with Redis's.
+
+local ALGORITHMS = {
+  fw = fixed_window,
+  sw = sliding_window,
+  sl = sliding_log,
+  tb = token_bucket,
+  gcra = gcra,
+}
+
+local mode = ARGV[1]
+local explicit_clock = ARGV[2] ~= ''
+local now
+if explicit_clock then
+  now = tonumber(ARGV[2])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+local charge = ARGV[3] == '1'
+local complete = ARGV[4] == '1'
+
+local hits = {}
+for i = 1, #KEYS do
+  local base = 4 + (i - 1) * 8
+  local hit = {
+    key = KEYS[i],
+    algorithm = ALGORITHMS[ARGV[base + 1]],
+    requests = tonumber(ARGV[base + 2]),
+    window = tonumber(ARGV[base + 3]),
+    tick = tonumber(ARGV[base + 4]),
+    parameter = tonumber(ARGV[base + 5]),
+    hits = tonumber(ARGV[base + 6]),
+    role = ARGV[base + 7],
+    descriptor = ARGV[base + 8],
+  }
+  if hit.algorithm == nil or hit.requests == nil or hit.window == nil or hit.tick == nil
+    or hit.tick < 1 or hit.parameter == nil or hit.hits == nil or hit.descriptor == nil then
+    return redis.error_reply('ERR tollgate: malformed hit ' .. i)
+  end
+  hits[i] = hit
+end
+
+local function read_state(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return false
+  end
+  local state = {}
+  for number in string.gmatch(raw, '%d+') do
+    state[#state + 1] = tonumber(number)
+  end
+  return state
+end
+
+local function encode(state)
+  local parts = {}
+  for i, number in ipairs(state) do
+    parts[i] = string.format('%.0f', number)
+  end
+  return table.concat(parts, ' ')
+end
+
+local function ttl_ms(reset_after)
+  local ms = math.max(div_ceil(reset_after, 1000), 1)
+  if explicit_clock then
+    ms = ms + 3600000
+  end
+  return ms
+end
+
+-- Runs a hit's algorithm in its ticks; times come back in µs (as algorithm::decide).
+local function decide(hit, state, at, count)
+  local tick = hit.tick
+  local window = math.max(idiv(hit.window, tick), 1)
+  local new_state, allowed, remaining, reset_after, retry_after =
+    hit.algorithm(state or nil, idiv(at, tick), hit.requests, window, hit.parameter, count, charge)
+  return {
+    state = new_state,
+    allowed = allowed,
+    remaining = remaining,
+    reset_after = reset_after * tick,
+    retry_after = retry_after * tick,
+  }
+end
+
+local function reply(at, committed, decisions)
+  local out = { at, committed }
+  for _, d in ipairs(decisions) do
+    local allowed = 0
+    if d.allowed then
+      allowed = 1
+    end
+    out[#out + 1] = allowed
+    out[#out + 1] = d.remaining
+    out[#out + 1] = d.reset_after
+    out[#out + 1] = d.retry_after
+  end
+  return out
+end
+
+-- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
+-- instant `at`, in ticks).
+local function give_back(hit, state, at, count)
+  local window = math.max(idiv(hit.window, hit.tick), 1)
+  local algorithm = hit.algorithm
+  if algorithm == fixed_window then
+    if state[1] <= at and at < state[1] + window then
+      state[2] = math.max(state[2] - count, 0)
+    end
+  elseif algorithm == sliding_window then
+    local start = at - math.fmod(at, window)
+    if state[1] == start then
+      state[2] = math.max(state[2] - count, 0)
+    elseif state[1] == start + window then
+      state[3] = math.max(state[3] - count, 0)
+    end
+  elseif algorithm == sliding_log then
+    for i = #state - 1, 1, -2 do
+      if state[i] == at then
+        state[i + 1] = math.max(state[i + 1] - count, 0)
+        if state[i + 1] == 0 then
+          table.remove(state, i + 1)
+          table.remove(state, i)
+        end
+        break
+      end
+    end
+  elseif algorithm == token_bucket then
+    local capacity = hit.parameter * window
+    if count >= hit.parameter then
+      state[1] = capacity
+    else
+      state[1] = math.min(state[1] + count * window, capacity)
+    end
+  elseif algorithm == gcra then
+    if state[1] >= at then
+      local ahead = (state[1] - at) * hit.requests + state[2]
+      if count >= hit.parameter then
+        ahead = 0
+      else
+        ahead = math.max(ahead - count * window, 0)
+      end
+      local whole = idiv(ahead, hit.requests)
+      state[1], state[2] = at + whole, ahead - whole * hit.requests
+    end
+  end
+end
+
+if mode == 'refund' then
+  -- Refunded hits report a check on their counter as it now is.
+  local decisions = {}
+  for i, hit in ipairs(hits) do
+    local state = read_state(hit.key)
+    if state and hit.hits > 0 then
+      give_back(hit, state, idiv(now, hit.tick), hit.hits)
+      redis.call('SET', hit.key, encode(state), 'KEEPTTL')
+    end
+    decisions[i] = decide(hit, state, now, 0)
+  end
+  return reply(now, 0, decisions)
+end
+
+-- Each hit sees the state left by the hits before it (a counter named twice counts twice).
+local stored, after, expires, decisions = {}, {}, {}, {}
+for i, hit in ipairs(hits) do
+  if stored[hit.key] == nil then
+    stored[hit.key] = read_state(hit.key)
+  end
+  local state = after[hit.key]
+  if state == nil then
+    state = stored[hit.key]
+  end
+  decisions[i] = decide(hit, state, now, hit.hits)
+  if decisions[i].state then
+    after[hit.key] = decisions[i].state
+    expires[hit.key] = decisions[i].reset_after
+  end
+end
+
+-- The veto rule of src/storage/mod.rs (rejects): an enforced descriptor over, or, when this is
+-- the whole request, every quota descriptor over.
+local vetoed = false
+if not charge then
+  local quota, quota_over = 0, 0
+  local i = 1
+  while i <= #hits do
+    local descriptor, role, over = hits[i].descriptor, hits[i].role, false
+    while i <= #hits and hits[i].descriptor == descriptor do
+      if not decisions[i].allowed then
+        over = true
+      end
+      i = i + 1
+    end
+    if role == 'e' and over then
+      vetoed = true
+    elseif role == 'q' then
+      quota = quota + 1
+      if over then
+        quota_over = quota_over + 1
+      end
+    end
+  end
+  if complete and quota > 0 and quota == quota_over then
+    vetoed = true
+  end
+end
+
+if vetoed then
+  -- Nothing consumed: allowed hits report a check on their unchanged counters.
+  for i, hit in ipairs(hits) do
+    if decisions[i].allowed then
+      decisions[i] = decide(hit, stored[hit.key], now, 0)
+    end
+  end
+  return reply(now, 0, decisions)
+end
+
+for key, state in pairs(after) do
+  redis.call('SET', key, encode(state), 'PX', string.format('%.0f', ttl_ms(expires[key])))
+end
+return reply(now, 1, decisions)

@@ -1,0 +1,29 @@
+-- Part 2: fixed window, a port of src/algorithm/fixed_window.rs.
+-- state: {window_start, count}; parameter: anchor (0 epoch-aligned, 1 first hit).
+local MAX_COUNT = 4503599627370496 -- 2^52, algorithm::MAX_COUNT
+
+local function fixed_window(state, now, limit, window, anchor, hits, charge)
+  local start, count
+  if state and now < state[1] + window then
+    start, count = state[1], state[2]
+  else
+    if anchor == 0 then
+      start = now - math.fmod(now, window)
+    else
+      start = now
+    end
+    count = 0
+  end
+  local allowed = count + math.max(hits, 1) <= limit
+  local consumed = consumed_by(allowed, charge, hits)
+  local new_count = math.min(count + consumed, MAX_COUNT)
+  local reset_after = math.max(start + window - now, 0)
+  local new_state = nil
+  if consumed > 0 then
+    new_state = { start, new_count }
+  end
+  if allowed then
+    return new_state, true, math.max(limit - new_count, 0), reset_after, 0
+  end
+  return new_state, false, 0, reset_after, reset_after
+end

@@ -1,0 +1,41 @@
+-- Part 6: GCRA, a port of src/algorithm/gcra.rs.
+-- state: {tat, remainder}: the theoretical arrival time, tat + remainder / limit ticks;
+-- parameter: burst. Rust keeps the TAT in absolute ticks of 1/limit (now × limit passes
+-- 2^53); here it is kept relative to now (`ahead`), which is at most burst × window ≤ 2^52.
+
+local function gcra(state, now, limit, window, burst, hits, charge)
+  if limit == 0 then
+    return never(window)
+  end
+  local ahead = 0
+  if state and state[1] >= now then
+    ahead = (state[1] - now) * limit + math.min(state[2], limit - 1)
+  end
+  local tolerance = burst * window
+  local need = math.max(hits, 1)
+  local allowed = need <= burst and ahead + need * window <= tolerance
+  local consumed = consumed_by(allowed, charge, hits)
+  -- --count-denied: the TAT stops at a full burst ahead (as Rust's min).
+  local new_ahead
+  if consumed > burst then
+    new_ahead = math.max(ahead, tolerance)
+  else
+    new_ahead = math.min(ahead + consumed * window, math.max(ahead, tolerance))
+  end
+  local reset_after = div_ceil(new_ahead, limit)
+  local new_state = nil
+  if consumed > 0 then
+    local whole = idiv(new_ahead, limit)
+    new_state = { now + whole, new_ahead - whole * limit }
+  end
+  if allowed then
+    return new_state, true, idiv(math.max(tolerance - new_ahead, 0), window), reset_after, 0
+  end
+  local retry
+  if need > burst then
+    retry = never_retry(reset_after, window)
+  else
+    retry = div_ceil(ahead + need * window - tolerance, limit)
+  end
+  return new_state, false, 0, reset_after, retry
+end

@@ -1,0 +1,115 @@
+-- Part 4: sliding log, a port of src/algorithm/sliding_log.rs.
+-- state: {at_1, hits_1, at_2, hits_2, ...}: runs of admitted hits, oldest first; at most
+-- `limit` hits in all (the config caps a sliding log's limit at 10,000).
+-- parameter: min_interval in ticks.
+
+-- Records `hits` at `now`, keeping the newest `limit` hits.
+local function sliding_log_append(runs, now, hits, limit)
+  if hits == 0 then
+    return
+  end
+  if #runs > 0 and runs[#runs][1] == now then
+    runs[#runs][2] = runs[#runs][2] + hits
+  else
+    runs[#runs + 1] = { now, hits }
+  end
+  local cap = math.max(limit, 1)
+  local total = 0
+  for _, run in ipairs(runs) do
+    total = total + run[2]
+  end
+  while total > cap and #runs > 0 do
+    local drop = math.min(total - cap, runs[1][2])
+    runs[1][2] = runs[1][2] - drop
+    total = total - drop
+    if runs[1][2] == 0 then
+      table.remove(runs, 1)
+    end
+  end
+end
+
+-- When `need` hits would be admitted, or nil if never.
+local function sliding_log_retry(runs, now, limit, window, min_interval, need, bunched)
+  if need > limit or bunched then
+    return nil
+  end
+  local count = 0
+  for _, run in ipairs(runs) do
+    if run[1] + window > now then
+      count = count + run[2]
+    end
+  end
+  local to_expire = math.max(count + need - limit, 0)
+  local for_room = 0
+  for _, run in ipairs(runs) do
+    if run[1] + window > now then
+      if to_expire == 0 then
+        break
+      end
+      to_expire = math.max(to_expire - run[2], 0)
+      for_room = math.max(run[1] + window - now, 0)
+    end
+  end
+  local for_gap = 0
+  if #runs > 0 then
+    for_gap = math.max(runs[#runs][1] + min_interval - now, 0)
+  end
+  return math.max(for_room, for_gap)
+end
+
+local function sliding_log(state, now, limit, window, min_interval, hits, charge)
+  local all = {}
+  if state then
+    for i = 1, #state - 1, 2 do
+      all[#all + 1] = { state[i], state[i + 1] }
+    end
+  end
+  if #all > 0 then
+    now = math.max(now, all[#all][1])
+  end
+  -- Expired runs go, but the newest stays while the gap still needs it.
+  local first = 1
+  while first <= #all and all[first][1] + window <= now
+    and (#all - first + 1 > 1 or all[first][1] + min_interval <= now) do
+    first = first + 1
+  end
+  local runs = {}
+  for i = first, #all do
+    runs[#runs + 1] = all[i]
+  end
+  local count = 0
+  for _, run in ipairs(runs) do
+    if run[1] + window > now then
+      count = count + run[2]
+    end
+  end
+  local need = math.max(hits, 1)
+  local gap_ok = #runs == 0 or now - runs[#runs][1] >= min_interval
+  local bunched = min_interval > 0 and hits > 1
+  local allowed = count + need <= limit and gap_ok and not bunched
+  local consumed = consumed_by(allowed, charge, hits)
+  local retry = nil
+  if not allowed then
+    retry = sliding_log_retry(runs, now, limit, window, min_interval, need, bunched)
+  end
+  sliding_log_append(runs, now, consumed, limit)
+  local reset_after = 0
+  if #runs > 0 then
+    reset_after = math.max(runs[#runs][1] + math.max(window, min_interval) - now, 0)
+  end
+  local new_state = nil
+  if consumed > 0 then
+    new_state = {}
+    for _, run in ipairs(runs) do
+      new_state[#new_state + 1] = run[1]
+      new_state[#new_state + 1] = run[2]
+    end
+  end
+  if allowed then
+    return new_state, true, math.max(limit - (count + consumed), 0), reset_after, 0
+  end
+  if retry == nil then
+    retry = never_retry(reset_after, window)
+  end
+  return new_state, false, 0, reset_after, retry
+end

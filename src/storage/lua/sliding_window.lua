@@ -1,0 +1,64 @@
+-- Part 3: sliding window counter, a port of src/algorithm/sliding_window.rs.
+-- state: {window_start, current, previous}; counts are at most the limit, so every product
+-- below is at most limit × window.
+
+-- The earliest delay after which `need` hits fit, or nil if never.
+local function sliding_window_retry(current, previous, elapsed, limit, window, need)
+  if need > limit then
+    return nil
+  end
+  local to_next = window - elapsed
+  if current + need <= limit and previous > 0 then
+    local room = idiv((limit - current - need) * window, previous)
+    local wait = math.max(to_next - room, 0)
+    if wait < to_next then
+      return wait
+    end
+  end
+  if current == 0 then
+    return to_next
+  end
+  local room = idiv((limit - need) * window, current)
+  local into_next = math.max(window - room, 0)
+  if into_next < window then
+    return to_next + into_next
+  end
+  return to_next + window
+end
+
+local function sliding_window(state, now, limit, window, _, hits, charge)
+  local start = now - math.fmod(now, window)
+  local current, previous = 0, 0
+  if state and state[1] >= start then
+    start, current, previous = state[1], state[2], state[3]
+  elseif state and state[1] + window == start then
+    previous = state[2]
+  end
+  now = math.max(now, start)
+  local elapsed = now - start
+  local carried = previous * (window - elapsed)
+  local need = math.max(hits, 1)
+  -- Compared by count first: (current + need) × window could pass 2^53.
+  local allowed = current + need <= limit and carried + (current + need) * window <= limit * window
+  local consumed = consumed_by(allowed, charge, hits)
+  local next_current = math.min(current + consumed, limit)
+  local capacity = idiv(math.max(limit * window - carried, 0), window)
+  local reset_after = 0
+  if next_current > 0 then
+    reset_after = start + 2 * window - now
+  elseif previous > 0 then
+    reset_after = start + window - now
+  end
+  local new_state = nil
+  if consumed > 0 then
+    new_state = { start, next_current, previous }
+  end
+  if allowed then
+    return new_state, true, math.max(capacity - next_current, 0), reset_after, 0
+  end
+  local retry = sliding_window_retry(current, previous, elapsed, limit, window, need)
+  if retry == nil then
+    retry = never_retry(reset_after, window)
+  end
+  return new_state, false, 0, reset_after, retry
+end

@@ -1,0 +1,39 @@
+-- Part 5: token bucket, a port of src/algorithm/token_bucket.rs.
+-- state: {level, updated}: the level in units of 1/window token (a token is `window` units,
+-- one tick of refill adds `limit` units); parameter: burst. burst × window ≤ 2^52.
+
+local function token_bucket(state, now, limit, window, burst, hits, charge)
+  if limit == 0 then
+    return never(window)
+  end
+  local capacity = burst * window
+  local level, updated = capacity, now
+  if state then
+    -- A product past 2^53 is inexact but far above capacity, so the min is still exact.
+    level = math.min(state[1] + math.max(now - state[2], 0) * limit, capacity)
+    updated = math.max(state[2], now)
+  end
+  local need = math.max(hits, 1)
+  -- Compared by hits first: need × window could pass 2^53.
+  local allowed = need <= burst and need * window <= level
+  local consumed = consumed_by(allowed, charge, hits)
+  local level_after = 0
+  if consumed <= burst then
+    level_after = math.max(level - consumed * window, 0)
+  end
+  local reset_after = div_ceil(capacity - level_after, limit)
+  local new_state = nil
+  if consumed > 0 then
+    new_state = { level_after, updated }
+  end
+  if allowed then
+    return new_state, true, idiv(level_after, window), reset_after, 0
+  end
+  local retry
+  if need > burst then
+    retry = never_retry(reset_after, window)
+  else
+    retry = div_ceil(need * window - level, limit)
+  end
+  return new_state, false, 0, reset_after, retry
+end

@@ -1,0 +1,407 @@
+//! The Redis and Redis Cluster store: one implementation over redis-rs async connections
+//! (multiplexed, so concurrent requests pipeline on one connection per node).
+//!
+//! One round trip per request: the hits of a request are grouped by cluster slot (the hash tag
+//! `keys.rs` puts in every key), one script call per group, all groups in flight at once; a
+//! single Redis gets one call for the whole request. Within a call the script is atomic and
+//! applies the veto rule itself. Across slots, a group that consumed is refunded when another
+//! group's denial vetoes the request (so a rejected request never over-admits; it may briefly
+//! under-admit while the refund is in flight).
+//!
+//! Starting without Redis is normal (it may come up after us): the connection is made in the
+//! background with backoff, and until then every call and the health probe fail fast.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
+
+use super::deny_cache::DenyCache;
+use super::script::{Call, Mode, Reply, SCRIPT, parse_reply};
+use super::{CounterStore, Hit, StoreError, vetoed};
+use crate::algorithm::{Charge, Outcome};
+use crate::clock::{Clock, Micros};
+
+/// Where Redis is, from `--store` (and `--redis-password-file`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisSpec {
+    pub cluster: bool,
+    /// One URL per node (`redis://` or `rediss://`), credentials included.
+    nodes: Vec<String>,
+    password: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("--store: {0}")]
+pub struct SpecError(String);
+
+impl RedisSpec {
+    /// Parses `redis://…`, `rediss://…`, `redis-cluster://[user:pass@]h1:p1,h2:p2` or
+    /// `rediss-cluster://…`. `None`: not a Redis URL at all.
+    pub fn parse(url: &str, password: Option<String>) -> Option<Result<Self, SpecError>> {
+        let (cluster, scheme, rest) = if let Some(rest) = url.strip_prefix("redis-cluster://") {
+            (true, "redis", rest)
+        } else if let Some(rest) = url.strip_prefix("rediss-cluster://") {
+            (true, "rediss", rest)
+        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+            return Some(Self::checked(false, vec![url.to_owned()], password));
+        } else {
+            return None;
+        };
+        let rest = rest.trim_end_matches('/');
+        let (credentials, hosts) = match rest.rsplit_once('@') {
+            Some((credentials, hosts)) => (format!("{credentials}@"), hosts),
+            None => (String::new(), rest),
+        };
+        let nodes = hosts
+            .split(',')
+            .filter(|host| !host.is_empty())
+            .map(|host| format!("{scheme}://{credentials}{host}"))
+            .collect();
+        Some(Self::checked(cluster, nodes, password))
+    }
+
+    fn checked(
+        cluster: bool,
+        nodes: Vec<String>,
+        password: Option<String>,
+    ) -> Result<Self, SpecError> {
+        let spec = Self {
+            cluster,
+            nodes,
+            password,
+        };
+        if spec.nodes.is_empty() {
+            return Err(SpecError("a Redis cluster URL names no node".into()));
+        }
+        spec.connection_infos()
+            .map_err(|error| SpecError(format!("invalid Redis URL: {error}")))?;
+        Ok(spec)
+    }
+
+    fn connection_infos(&self) -> Result<Vec<ConnectionInfo>, RedisError> {
+        self.nodes
+            .iter()
+            .map(|node| {
+                let info = node.as_str().into_connection_info()?;
+                Ok(match &self.password {
+                    Some(password) => {
+                        let settings = info.redis_settings().clone().set_password(password);
+                        info.set_redis_settings(settings)
+                    }
+                    None => info,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Never prints credentials: only the addresses.
+impl fmt::Debug for RedisSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let addresses: Vec<String> = match self.connection_infos() {
+            Ok(infos) => infos.iter().map(|info| info.addr().to_string()).collect(),
+            Err(_) => vec!["<invalid>".into()],
+        };
+        f.debug_struct("RedisSpec")
+            .field("cluster", &self.cluster)
+            .field("nodes", &addresses)
+            .finish()
+    }
+}
+
+/// How the store behaves.
+#[derive(Clone)]
+pub struct RedisOptions {
+    pub charge: Charge,
+    /// Bound on one store call, including redis-rs's own retries.
+    pub timeout: Duration,
+    /// Counters the local deny cache remembers (0: off).
+    pub deny_cache_size: usize,
+    /// Explicit time passed to the script (tests); `None`: Redis `TIME`.
+    pub clock: Option<Arc<dyn Clock>>,
+}
+
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    async fn call(&self, call: &Call<'_>) -> Result<Reply, RedisError> {
+        // ScriptInvocation::invoke_async sends EVALSHA and, on NOSCRIPT (a restarted node, a
+        // promoted replica, SCRIPT FLUSH), loads the script and sends it again.
+        let invocation = call.invocation();
+        let values: Vec<i64> = match self.clone() {
+            Connection::Single(mut connection) => invocation.invoke_async(&mut connection).await?,
+            Connection::Cluster(mut connection) => invocation.invoke_async(&mut connection).await?,
+        };
+        parse_reply(&values, call.hits.len()).map_err(|error| {
+            RedisError::from((
+                redis::ErrorKind::Client,
+                "tollgate script",
+                error.to_string(),
+            ))
+        })
+    }
+
+    async fn ping(&self) -> Result<(), RedisError> {
+        let command = redis::cmd("PING");
+        match self.clone() {
+            Connection::Single(mut c) => c.req_packed_command(&command).await.map(drop),
+            Connection::Cluster(mut c) => {
+                // Routed to a random node: enough to know the cluster answers.
+                command.query_async::<()>(&mut c).await
+            }
+        }
+    }
+
+    async fn load_script(&self) -> Result<(), RedisError> {
+        // On a cluster SCRIPT LOAD goes to every node.
+        match self.clone() {
+            Connection::Single(mut c) => SCRIPT.load_async(&mut c).await.map(drop),
+            Connection::Cluster(mut c) => SCRIPT.load_async(&mut c).await.map(drop),
+        }
+    }
+}
+
+pub struct RedisStore {
+    connection: Arc<OnceLock<Connection>>,
+    options: RedisOptions,
+    deny_cache: DenyCache,
+}
+
+/// Backoff of the background connect: from 100 ms, doubling, at most 5 s apart.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl RedisStore {
+    /// Creates the store and starts connecting in the background. Must run inside a tokio
+    /// runtime.
+    pub fn start(spec: RedisSpec, options: RedisOptions) -> Arc<Self> {
+        let store = Arc::new(Self {
+            connection: Arc::new(OnceLock::new()),
+            deny_cache: DenyCache::new(options.deny_cache_size),
+            options,
+        });
+        let slot = Arc::clone(&store.connection);
+        let timeout = store.options.timeout;
+        tokio::spawn(async move {
+            let mut wait = CONNECT_BACKOFF.0;
+            loop {
+                match connect(&spec, timeout).await {
+                    Ok(connection) => {
+                        tracing::info!(?spec, "connected to Redis");
+                        let _ = slot.set(connection);
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(?spec, %error, retry_in = ?wait, "Redis not reachable yet");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(CONNECT_BACKOFF.1);
+                    }
+                }
+            }
+        });
+        store
+    }
+
+    /// Local deny cache hits so far.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.deny_cache.hits()
+    }
+
+    fn connection(&self) -> Result<&Connection, StoreError> {
+        self.connection
+            .get()
+            .ok_or_else(|| StoreError::Unavailable("not connected to Redis yet".into()))
+    }
+
+    fn explicit_now(&self) -> Option<Micros> {
+        self.options.clock.as_ref().map(|clock| clock.now())
+    }
+
+    fn local_now(&self) -> Micros {
+        self.explicit_now()
+            .unwrap_or_else(|| crate::clock::SystemClock.now())
+    }
+
+    async fn apply_remote(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let groups = match connection {
+            Connection::Single(_) => vec![(0..hits.len()).collect()],
+            Connection::Cluster(_) => group_by_slot(hits),
+        };
+        let charge = self.options.charge;
+        let now = self.explicit_now();
+        let grouped: Vec<Vec<Hit>> = groups
+            .iter()
+            .map(|indices: &Vec<usize>| indices.iter().map(|&i| hits[i].clone()).collect())
+            .collect();
+        let complete = grouped.len() == 1;
+        let calls = grouped.iter().map(|group| {
+            let call = Call {
+                mode: Mode::Apply,
+                hits: group,
+                now,
+                charge,
+                complete,
+            };
+            async move { connection.call(&call).await }
+        });
+        let replies = futures_util::future::try_join_all(calls)
+            .await
+            .map_err(unavailable)?;
+
+        let mut outcomes = vec![Outcome::default(); hits.len()];
+        for (indices, reply) in groups.iter().zip(&replies) {
+            for (&index, outcome) in indices.iter().zip(&reply.outcomes) {
+                outcomes[index] = *outcome;
+            }
+        }
+        if !complete && charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
+        {
+            self.refund(connection, &groups, &grouped, &replies, &mut outcomes)
+                .await?;
+        }
+        Ok(outcomes)
+    }
+
+    /// Gives back what the committed groups of a vetoed request consumed; their allowed hits
+    /// then report their counters as they are after the refund.
+    async fn refund(
+        &self,
+        connection: &Connection,
+        groups: &[Vec<usize>],
+        grouped: &[Vec<Hit>],
+        replies: &[Reply],
+        outcomes: &mut [Outcome],
+    ) -> Result<(), StoreError> {
+        let refunds: Vec<(usize, Vec<Hit>, Micros)> = grouped
+            .iter()
+            .zip(replies)
+            .enumerate()
+            .filter(|(_, (_, reply))| reply.committed)
+            .map(|(group, (hits, reply))| {
+                let consumed = hits
+                    .iter()
+                    .zip(&reply.outcomes)
+                    .map(|(hit, outcome)| Hit {
+                        hits: if outcome.allowed { hit.hits } else { 0 },
+                        ..hit.clone()
+                    })
+                    .collect();
+                (group, consumed, reply.now)
+            })
+            .collect();
+        let calls = refunds.iter().map(|(_, hits, at)| {
+            let call = Call {
+                mode: Mode::Refund { at: *at },
+                hits,
+                now: None,
+                charge: Charge::IfAllowed,
+                complete: false,
+            };
+            async move { connection.call(&call).await }
+        });
+        let replies = futures_util::future::try_join_all(calls)
+            .await
+            .map_err(unavailable)?;
+        for ((group, consumed, _), reply) in refunds.iter().zip(replies) {
+            for ((&index, hit), outcome) in groups[*group].iter().zip(consumed).zip(reply.outcomes)
+            {
+                if hit.hits > 0 {
+                    outcomes[index] = outcome;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Indices of `hits` per cluster slot, in request order within each slot.
+fn group_by_slot(hits: &[Hit]) -> Vec<Vec<usize>> {
+    let mut order: Vec<Slot> = Vec::new();
+    let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+    for (index, hit) in hits.iter().enumerate() {
+        let slot = Slot::for_key(hit.key.as_str());
+        groups
+            .entry(slot)
+            .or_insert_with(|| {
+                order.push(slot);
+                Vec::new()
+            })
+            .push(index);
+    }
+    order
+        .iter()
+        .filter_map(|slot| groups.remove(slot))
+        .collect()
+}
+
+fn unavailable(error: RedisError) -> StoreError {
+    StoreError::Unavailable(error.to_string())
+}
+
+async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, RedisError> {
+    let infos = spec.connection_infos()?;
+    let connection = if spec.cluster {
+        // redis-rs's defaults retry for minutes; a rate limit decision has milliseconds.
+        let client = ClusterClient::builder(infos)
+            .connection_timeout(timeout.max(Duration::from_millis(500)))
+            .response_timeout(timeout)
+            .overall_response_timeout(Some(timeout))
+            .retries(2)
+            .min_retry_wait(1)
+            .max_retry_wait(10)
+            .build()?;
+        Connection::Cluster(client.get_async_connection().await?)
+    } else {
+        let Some(info) = infos.into_iter().next() else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "no Redis node",
+            )));
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(500))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(10));
+        let client = redis::Client::open(info)?;
+        Connection::Single(client.get_connection_manager_with_config(config).await?)
+    };
+    connection.load_script().await?;
+    Ok(connection)
+}
+
+#[tonic::async_trait]
+impl CounterStore for RedisStore {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        let now = self.local_now();
+        if self.options.charge == Charge::IfAllowed
+            && let Some(outcomes) = self.deny_cache.answer(hits, now)
+        {
+            return Ok(outcomes);
+        }
+        let connection = self.connection()?;
+        let outcomes = self.apply_remote(connection, hits).await?;
+        if self.options.charge == Charge::IfAllowed {
+            self.deny_cache.remember(hits, &outcomes, now);
+        }
+        Ok(outcomes)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.connection()?.ping().await.map_err(unavailable)
+    }
+}

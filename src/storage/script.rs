@@ -1,0 +1,124 @@
+//! The counter script: the Lua ports of the algorithms (src/storage/lua/, one file per
+//! algorithm, each a faithful port of its Rust function) joined into one script, and the
+//! encoding of a call to it. The calling convention is documented in lua/apply.lua.
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use super::{Hit, Role, StoreError};
+use crate::algorithm::{Algorithm, Anchor, Charge, Outcome};
+use crate::clock::Micros;
+
+/// The parts, in the order the script needs them (helpers, algorithms, entry point).
+const SOURCE: [&str; 7] = [
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/apply.lua"),
+];
+
+/// The script, with its SHA1 computed once.
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE.join("\n")));
+
+/// Whether a call decides hits or gives back hits a vetoed request consumed elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Apply,
+    /// Gives back, at the instant the consuming call returned, each hit's `hits`.
+    Refund {
+        at: Micros,
+    },
+}
+
+/// One call: `hits` (all in one slot), and whether they are the whole request.
+pub struct Call<'a> {
+    pub mode: Mode,
+    pub hits: &'a [Hit],
+    /// Explicit time for tests; `None` uses Redis `TIME`.
+    pub now: Option<Micros>,
+    pub charge: Charge,
+    pub complete: bool,
+}
+
+/// What a call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The instant the script decided at (Redis time unless explicit).
+    pub now: Micros,
+    /// Whether the hits were consumed (not vetoed within the call).
+    pub committed: bool,
+    pub outcomes: Vec<Outcome>,
+}
+
+impl Call<'_> {
+    pub fn invocation(&self) -> ScriptInvocation<'static> {
+        let mut invocation = SCRIPT.prepare_invoke();
+        let (mode, now) = match self.mode {
+            Mode::Apply => ("apply", self.now.map(|now| now.to_string())),
+            Mode::Refund { at } => ("refund", Some(at.to_string())),
+        };
+        invocation
+            .arg(mode)
+            .arg(now.unwrap_or_default())
+            .arg(if self.charge == Charge::Always {
+                "1"
+            } else {
+                "0"
+            })
+            .arg(if self.complete { "1" } else { "0" });
+        for hit in self.hits {
+            let params = &hit.params;
+            let tick = params.tick().unwrap_or(1_000_000);
+            let parameter = match params.algorithm {
+                Algorithm::FixedWindow { anchor } => u64::from(anchor == Anchor::FirstHit),
+                Algorithm::SlidingWindow => 0,
+                Algorithm::SlidingLog { min_interval } => min_interval.div_ceil(tick),
+                Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
+            };
+            invocation
+                .key(hit.key.as_str())
+                .arg(params.algorithm.key_tag())
+                .arg(params.requests)
+                .arg(params.window)
+                .arg(tick)
+                .arg(parameter)
+                .arg(hit.hits)
+                .arg(match hit.role {
+                    Role::Enforced => "e",
+                    Role::Quota => "q",
+                    Role::Shadow => "s",
+                })
+                .arg(hit.descriptor);
+        }
+        invocation
+    }
+}
+
+/// Reads the script's reply for `count` hits.
+pub fn parse_reply(values: &[i64], count: usize) -> Result<Reply, StoreError> {
+    let malformed = || StoreError::Unavailable(format!("malformed script reply: {values:?}"));
+    let (head, outcomes) = values.split_at_checked(2).ok_or_else(malformed)?;
+    if outcomes.len() != count * 4 {
+        return Err(malformed());
+    }
+    let non_negative = |value: i64| u64::try_from(value).map_err(|_| malformed());
+    Ok(Reply {
+        now: non_negative(head[0])?,
+        committed: head[1] == 1,
+        outcomes: outcomes
+            .chunks_exact(4)
+            .map(|o| {
+                Ok(Outcome {
+                    allowed: o[0] == 1,
+                    remaining: non_negative(o[1])?,
+                    reset_after: non_negative(o[2])?,
+                    retry_after: non_negative(o[3])?,
+                })
+            })
+            .collect::<Result<_, StoreError>>()?,
+    })
+}

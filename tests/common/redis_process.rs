@@ -1,0 +1,254 @@
+//! Real Redis for tests: redis-server processes on free loopback ports, standalone or formed
+//! into a cluster, each stopped when its guard drops. `scripts/test` installs Debian's
+//! redis-server when it is missing.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// One redis-server process.
+pub struct RedisServer {
+    pub port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+    cluster: bool,
+    _tmp: std::sync::Arc<tempfile::TempDir>,
+}
+
+fn require(binary: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "{binary} not found: the Redis tests need Debian's redis-server package; run scripts/test, which installs it"
+    );
+}
+
+/// A port free for a client and, for a cluster node, for its bus (port + 10000).
+fn free_node_port() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl RedisServer {
+    /// A standalone server with no persistence.
+    pub fn start() -> Self {
+        let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
+        Self::spawn(free_node_port(), tmp, false)
+    }
+
+    fn spawn(port: u16, tmp: std::sync::Arc<tempfile::TempDir>, cluster: bool) -> Self {
+        require("redis-server");
+        let dir = tmp.path().join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+            cluster,
+            _tmp: tmp,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if self.cluster {
+            command.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]);
+        }
+        self.child = Some(command.spawn().expect("spawn redis-server"));
+        self.wait_for(
+            |server| server.try_query(&["PING"]).is_some(),
+            "to answer PING",
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process (its data is gone: no persistence).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty (a cluster node keeps its nodes.conf, so it
+    /// rejoins its cluster).
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    /// Runs one command; `None` if the server does not answer.
+    pub fn try_query(&self, args: &[&str]) -> Option<redis::Value> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .ok()?;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query(&mut connection).ok()
+    }
+
+    /// Runs one command and returns its reply as text.
+    pub fn query(&self, args: &[&str]) -> String {
+        let value = self
+            .try_query(args)
+            .unwrap_or_else(|| panic!("redis {} did not answer {args:?}", self.port));
+        redis::from_redis_value::<String>(value).unwrap_or_default()
+    }
+
+    /// Number of keys held.
+    pub fn dbsize(&self) -> u64 {
+        self.try_query(&["DBSIZE"])
+            .and_then(|value| redis::from_redis_value::<u64>(value).ok())
+            .expect("DBSIZE")
+    }
+
+    /// Calls of a command so far, from INFO commandstats (`evalsha`, `eval`, `get`…).
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self.query(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|calls| calls.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn wait_for(&self, ready: impl Fn(&Self) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if ready(self) {
+                return;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        panic!("redis {} never came {what}", self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Redis Cluster of `masters` masters with `replicas` replicas each.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        require("redis-cli");
+        let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| RedisServer::spawn(free_node_port(), std::sync::Arc::clone(&tmp), true))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        let cluster = Self { nodes };
+        cluster.wait_until_formed();
+        cluster
+    }
+
+    /// Until every node reports the cluster ok and knows every other node.
+    pub fn wait_until_formed(&self) {
+        let total = self.nodes.len();
+        for node in self.nodes.iter().filter(|node| node.child.is_some()) {
+            node.wait_for(
+                |node| {
+                    let info = node
+                        .try_query(&["CLUSTER", "INFO"])
+                        .and_then(|v| redis::from_redis_value::<String>(v).ok())
+                        .unwrap_or_default();
+                    info.contains("cluster_state:ok")
+                        && info.contains(&format!("cluster_known_nodes:{total}"))
+                },
+                "into the formed cluster",
+            );
+        }
+    }
+
+    pub fn url(&self) -> String {
+        let addresses: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.port))
+            .collect();
+        format!("redis-cluster://{}", addresses.join(","))
+    }
+
+    /// The running nodes that are masters now.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|node| node.child.is_some())
+            .filter(|node| is_master(node))
+            .collect()
+    }
+
+    /// Sum of a command's calls over every running node.
+    pub fn calls(&self, command: &str) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|node| node.child.is_some())
+            .map(|node| node.calls(command))
+            .sum()
+    }
+}
+
+fn is_master(node: &RedisServer) -> bool {
+    node.try_query(&["ROLE"])
+        .and_then(|value| match value {
+            redis::Value::Array(items) => items.into_iter().next(),
+            _ => None,
+        })
+        .and_then(|role| redis::from_redis_value::<String>(role).ok())
+        .is_some_and(|role| role == "master")
+}

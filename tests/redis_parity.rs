@@ -73,7 +73,10 @@ async fn run_sequence(
     let mut rng = Rng(seed);
     let key = counter_key(
         "parity",
-        [("case", EntryValue::Actual(&format!("{name}-{seed}-{charge:?}")))],
+        [(
+            "case",
+            EntryValue::Actual(&format!("{name}-{seed}-{charge:?}")),
+        )],
         &params,
     );
     let hit = |hits| Hit {
@@ -181,7 +184,11 @@ async fn sliding_window() {
     parity(
         "sliding_window",
         params(sliding, 7, 10 * SECOND),
-        &[params(sliding, 1, SECOND), daily, params(sliding, 0, SECOND)],
+        &[
+            params(sliding, 1, SECOND),
+            daily,
+            params(sliding, 0, SECOND),
+        ],
     )
     .await;
 }
@@ -195,7 +202,10 @@ async fn sliding_log() {
     parity(
         "sliding_log",
         params(plain, 5, 10 * SECOND),
-        &[params(gapped, 4, 10 * SECOND), params(plain, 200, 60 * SECOND)],
+        &[
+            params(gapped, 4, 10 * SECOND),
+            params(plain, 200, 60 * SECOND),
+        ],
     )
     .await;
 }
@@ -208,7 +218,11 @@ async fn token_bucket() {
     parity(
         "token_bucket",
         params(bucket(5), 3, SECOND),
-        &[params(bucket(2), 7, 10 * SECOND), daily, params(bucket(1), 0, SECOND)],
+        &[
+            params(bucket(2), 7, 10 * SECOND),
+            daily,
+            params(bucket(1), 0, SECOND),
+        ],
     )
     .await;
 }
@@ -221,7 +235,11 @@ async fn gcra() {
     parity(
         "gcra",
         params(gcra(5), 3, SECOND),
-        &[params(gcra(2), 7, 10 * SECOND), daily, params(gcra(1), 0, SECOND)],
+        &[
+            params(gcra(2), 7, 10 * SECOND),
+            daily,
+            params(gcra(1), 0, SECOND),
+        ],
     )
     .await;
 }

@@ -359,9 +359,15 @@ pub fn free_port() -> u16 {
 }
 
 pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
+    spawn_serve_with(config, grpc, http, &[])
+}
+
+/// `tollgate serve` with extra flags.
+pub fn spawn_serve_with(config: &Path, grpc: u16, http: u16, extra: &[&str]) -> ChildGuard {
     let child = tollgate_bin()
         .args(["serve", "--config"])
         .arg(config)
+        .args(extra)
         .args([
             "--grpc-addr",
             &format!("127.0.0.1:{grpc}"),
@@ -373,4 +379,54 @@ pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
         .spawn()
         .expect("spawn tollgate serve");
     ChildGuard(child)
+}
+
+/// A spawned `tollgate serve` and its ports.
+pub struct Replica {
+    pub grpc: u16,
+    pub http: u16,
+    pub process: ChildGuard,
+}
+
+impl Replica {
+    /// Starts `tollgate serve` on free ports with `extra` flags; does not wait.
+    pub fn spawn(config: &Path, extra: &[&str]) -> Self {
+        let (grpc, http) = (free_port(), free_port());
+        Self {
+            grpc,
+            http,
+            process: spawn_serve_with(config, grpc, http, extra),
+        }
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.http))
+    }
+
+    /// Whether `/readyz` says ready.
+    pub async fn ready(&self) -> bool {
+        tokio::net::TcpStream::connect(self.http_addr())
+            .await
+            .is_ok()
+            && http(self.http_addr(), "GET", "/readyz", "").await.0 == 200
+    }
+
+    /// Waits (up to 60 s, for a loaded machine) until `/readyz` says ready.
+    pub async fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !self.ready().await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tollgate on {} never became ready",
+                self.grpc
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn client(&self) -> pb::RateLimitServiceClient<Channel> {
+        pb::RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc))
+            .await
+            .expect("connect")
+    }
 }

@@ -108,8 +108,7 @@ async fn run_sequence(
             complete: true,
         };
         let values: Vec<i64> = call
-            .invocation()
-            .invoke_async(connection)
+            .invoke(connection)
             .await
             .unwrap_or_else(|error| panic!("{name} step {index}: {error}"));
         let reply = parse_reply(&values, 1).unwrap();

@@ -136,12 +136,9 @@ enum Connection {
 
 impl Connection {
     async fn call(&self, call: &Call<'_>) -> Result<Reply, RedisError> {
-        // ScriptInvocation::invoke_async sends EVALSHA and, on NOSCRIPT (a restarted node, a
-        // promoted replica, SCRIPT FLUSH), loads the script and sends it again.
-        let invocation = call.invocation();
-        let values: Vec<i64> = match self.clone() {
-            Connection::Single(mut connection) => invocation.invoke_async(&mut connection).await?,
-            Connection::Cluster(mut connection) => invocation.invoke_async(&mut connection).await?,
+        let values = match self.clone() {
+            Connection::Single(mut connection) => call.invoke(&mut connection).await?,
+            Connection::Cluster(mut connection) => call.invoke(&mut connection).await?,
         };
         parse_reply(&values, call.hits.len()).map_err(|error| {
             RedisError::from((

@@ -4,7 +4,8 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
 
 use super::{Hit, Role, StoreError};
 use crate::algorithm::{Algorithm, Anchor, Charge, Outcome};
@@ -21,8 +22,10 @@ const SOURCE: [&str; 7] = [
     include_str!("lua/apply.lua"),
 ];
 
+static SOURCE_TEXT: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
+
 /// The script, with its SHA1 computed once.
-pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE.join("\n")));
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE_TEXT));
 
 /// Whether a call decides hits or gives back hits a vetoed request consumed elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,13 +58,38 @@ pub struct Reply {
 }
 
 impl Call<'_> {
-    pub fn invocation(&self) -> ScriptInvocation<'static> {
-        let mut invocation = SCRIPT.prepare_invoke();
+    /// Sends the call: EVALSHA, and on NOSCRIPT (a restarted node, a promoted replica, SCRIPT
+    /// FLUSH) EVAL with the whole script, which also caches it on that node. Not redis-rs's
+    /// ScriptInvocation: its NOSCRIPT recovery sends SCRIPT LOAD to every node of a cluster
+    /// and fails while any node is down, which is exactly when a failover needs it.
+    pub async fn invoke(&self, connection: &mut impl ConnectionLike) -> RedisResult<Vec<i64>> {
+        match self
+            .command("EVALSHA", SCRIPT.get_hash())
+            .query_async(connection)
+            .await
+        {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.command("EVAL", &SOURCE_TEXT)
+                    .query_async(connection)
+                    .await
+            }
+            result => result,
+        }
+    }
+
+    /// `EVALSHA sha numkeys key… arg…` or `EVAL script numkeys key… arg…`; redis-rs routes it on
+    /// a cluster by its first key.
+    fn command(&self, name: &str, script: &str) -> Cmd {
+        let mut command = redis::cmd(name);
+        command.arg(script).arg(self.hits.len());
+        for hit in self.hits {
+            command.arg(hit.key.as_str());
+        }
         let (mode, now) = match self.mode {
             Mode::Apply => ("apply", self.now.map(|now| now.to_string())),
             Mode::Refund { at } => ("refund", Some(at.to_string())),
         };
-        invocation
+        command
             .arg(mode)
             .arg(now.unwrap_or_default())
             .arg(if self.charge == Charge::Always {
@@ -79,8 +107,7 @@ impl Call<'_> {
                 Algorithm::SlidingLog { min_interval } => min_interval.div_ceil(tick),
                 Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
             };
-            invocation
-                .key(hit.key.as_str())
+            command
                 .arg(params.algorithm.key_tag())
                 .arg(params.requests)
                 .arg(params.window)
@@ -94,7 +121,7 @@ impl Call<'_> {
                 })
                 .arg(hit.descriptor);
         }
-        invocation
+        command
     }
 }
 

@@ -33,6 +33,8 @@ pub enum StoreKind {
     Redis,
     /// A 3-master Redis Cluster started for the test.
     Cluster,
+    /// A 3-master, 3-replica Redis Cluster (for failover).
+    ReplicatedCluster,
 }
 
 /// The Redis processes behind a test server, stopped when it drops.
@@ -86,6 +88,8 @@ pub struct Setup {
     pub charge: Charge,
     pub max_keys: usize,
     pub store: StoreKind,
+    /// Bound on one Redis call; generous by default for a loaded machine.
+    pub store_timeout: Duration,
 }
 
 impl Default for Setup {
@@ -95,6 +99,7 @@ impl Default for Setup {
             charge: Charge::IfAllowed,
             max_keys: 100_000,
             store: StoreKind::Memory,
+            store_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -112,10 +117,13 @@ pub async fn start_on(store: StoreKind, files: &[(&str, &str)]) -> TestServer {
 }
 
 /// A Redis store on `url` that takes its time from `clock`, as the contract tests need.
-pub fn redis_store(url: &str, charge: Charge, clock: &ManualClock) -> Arc<dyn CounterStore> {
+pub fn redis_store(
+    url: &str,
+    charge: Charge,
+    clock: &ManualClock,
+    timeout: Duration,
+) -> Arc<dyn CounterStore> {
     let spec = RedisSpec::parse(url, None).unwrap().unwrap();
-    // Generous: the machine running the tests may be loaded.
-    let timeout = Duration::from_secs(2);
     let store = RedisStore::start(
         spec,
         RedisOptions {
@@ -136,12 +144,13 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Ba
         ),
         StoreKind::Redis => {
             let server = RedisServer::start();
-            let store = redis_store(&server.url(), setup.charge, clock);
+            let store = redis_store(&server.url(), setup.charge, clock, setup.store_timeout);
             (store, Backing::Redis(server))
         }
-        StoreKind::Cluster => {
-            let cluster = RedisCluster::start(3, 0);
-            let store = redis_store(&cluster.url(), setup.charge, clock);
+        StoreKind::Cluster | StoreKind::ReplicatedCluster => {
+            let replicas = usize::from(setup.store == StoreKind::ReplicatedCluster);
+            let cluster = RedisCluster::start(3, replicas);
+            let store = redis_store(&cluster.url(), setup.charge, clock, setup.store_timeout);
             (store, Backing::Cluster(cluster))
         }
     }

@@ -80,6 +80,10 @@ impl RedisServer {
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "2000",
+                // Replicas sync at once instead of waiting 5 s for company; a replica that
+                // never synced cannot be promoted.
+                "--repl-diskless-sync-delay",
+                "0",
             ]);
         }
         self.child = Some(command.spawn().expect("spawn redis-server"));
@@ -197,7 +201,8 @@ impl RedisCluster {
         cluster
     }
 
-    /// Until every node reports the cluster ok and knows every other node.
+    /// Until every node reports the cluster ok and knows every other node, and every replica
+    /// is in sync with its master.
     pub fn wait_until_formed(&self) {
         let total = self.nodes.len();
         for node in self.nodes.iter().filter(|node| node.child.is_some()) {
@@ -211,6 +216,13 @@ impl RedisCluster {
                         && info.contains(&format!("cluster_known_nodes:{total}"))
                 },
                 "into the formed cluster",
+            );
+            node.wait_for(
+                |node| {
+                    let info = node.query(&["INFO", "replication"]);
+                    info.contains("role:master") || info.contains("master_link_status:up")
+                },
+                "in sync with its master",
             );
         }
     }

@@ -1,0 +1,197 @@
+//! Redis failures: a stopped Redis gets the configured answer fast and readiness turns
+//! NOT_SERVING; a Redis restarted empty (its scripts gone) and a cluster failover are
+//! recovered from without restarting tollgate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use tollgate::server::Options;
+use tollgate::service::{OnStoreError, STORE_ERROR_HEADER};
+
+const LIMITS: &str = r#"
+domain: faults
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#;
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(100);
+/// What the issue promises beyond the store timeout.
+const ANSWER_MARGIN: Duration = Duration::from_millis(20);
+
+fn user(value: &str) -> tollgate::pb::RateLimitRequest {
+    request("faults", &[&[("user", value)]])
+}
+
+async fn start_with_policy(on_store_error: OnStoreError) -> TestServer {
+    start_with(
+        &[("faults.yaml", LIMITS)],
+        Setup {
+            store: StoreKind::Redis,
+            store_timeout: STORE_TIMEOUT,
+            options: Options {
+                on_store_error,
+                probe_every: Duration::from_millis(200),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await
+}
+
+fn redis(server: &mut TestServer) -> &mut common::redis_process::RedisServer {
+    match &mut server.backing {
+        Backing::Redis(redis) => redis,
+        _ => panic!("a standalone Redis test"),
+    }
+}
+
+/// Polls `ready()` until it equals `expected`, for up to `within`.
+async fn readiness_becomes(server: &TestServer, expected: u16, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (status, _) = server.http("GET", "/readyz", "").await;
+        if status == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz stayed {status}, expected {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stops Redis, then checks 30 calls answer within the timeout (+20 ms) as `check` says,
+/// and that readiness turns NOT_SERVING.
+async fn stopped_redis(
+    on_store_error: OnStoreError,
+    check: impl Fn(Result<tollgate::pb::RateLimitResponse, tonic::Status>),
+) -> TestServer {
+    let mut server = start_with_policy(on_store_error).await;
+    assert_eq!(server.ok(user("a")).await.statuses[0].limit_remaining, 9);
+    redis(&mut server).stop();
+    let mut client = server.client().await;
+    for _ in 0..30 {
+        let started = Instant::now();
+        let answer = client
+            .should_rate_limit(user("a"))
+            .await
+            .map(tonic::Response::into_inner);
+        let took = started.elapsed();
+        assert!(
+            took <= STORE_TIMEOUT + ANSWER_MARGIN,
+            "answered in {took:?}"
+        );
+        check(answer);
+    }
+    readiness_becomes(&server, 500, Duration::from_secs(10)).await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_redis_is_unavailable_fast_then_a_restarted_empty_redis_serves_again() {
+    let mut server = stopped_redis(OnStoreError::Unavailable, |answer| {
+        assert_eq!(answer.unwrap_err().code(), tonic::Code::Unavailable);
+    })
+    .await;
+
+    // Restarted empty: no counters, no script loaded. Decisions resume by themselves.
+    redis(&mut server).restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let resumed = loop {
+        if let Ok(response) = server.call(user("b")).await {
+            break response;
+        }
+        assert!(Instant::now() < deadline, "decisions never resumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(resumed.statuses[0].limit_remaining, 9);
+    assert_eq!(
+        server.ok(user("a")).await.statuses[0].limit_remaining,
+        9,
+        "a fresh counter"
+    );
+    readiness_becomes(&server, 200, Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_redis_with_allow_answers_ok_marked_in_a_header() {
+    stopped_redis(OnStoreError::Allow, |answer| {
+        let response = answer.unwrap();
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(response.statuses.len(), 1);
+        assert_eq!(response.statuses[0].code, OK);
+        let header = &response.response_headers_to_add[0];
+        assert_eq!(
+            (header.key.as_str(), header.value.as_str()),
+            (STORE_ERROR_HEADER, "allow")
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopped_redis_with_deny_answers_over_limit_marked_in_a_header() {
+    stopped_redis(OnStoreError::Deny, |answer| {
+        let response = answer.unwrap();
+        assert_eq!(response.overall_code, OVER);
+        assert_eq!(response.statuses[0].code, OVER);
+        assert_eq!(response.response_headers_to_add[0].value, "deny");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_by_its_replica_and_decisions_resume_within_ten_seconds() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("tollgate=debug,redis=debug")
+        .try_init();
+    let mut server = start_with(
+        &[("faults.yaml", LIMITS)],
+        Setup {
+            store: StoreKind::ReplicatedCluster,
+            store_timeout: Duration::from_millis(500),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(server.ok(user("a")).await.statuses[0].limit_remaining, 9);
+    let Backing::Cluster(cluster) = &mut server.backing else {
+        panic!("a cluster test");
+    };
+    // The master that holds user "a".
+    let owner = cluster
+        .nodes
+        .iter()
+        .position(|node| {
+            matches!(node.try_query(&["DBSIZE"]), Some(redis::Value::Int(1)))
+                && cluster.masters().iter().any(|m| m.port == node.port)
+        })
+        .expect("a master holds the counter");
+    cluster.nodes[owner].stop();
+    let killed = Instant::now();
+
+    let resumed = loop {
+        if let Ok(response) = server.call(user("a")).await {
+            break response;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "decisions did not resume within 10 s of the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let took = killed.elapsed();
+    // The replica had the counter (asynchronous replication may lose the last write: then 9).
+    let remaining = resumed.statuses[0].limit_remaining;
+    assert!(remaining == 8 || remaining == 9, "remaining {remaining}");
+    eprintln!("decisions resumed {took:?} after the master was killed");
+    assert_eq!(server.ok(user("z")).await.statuses[0].limit_remaining, 9);
+}

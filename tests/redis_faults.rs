@@ -195,3 +195,34 @@ async fn a_killed_master_is_replaced_by_its_replica_and_decisions_resume_within_
     eprintln!("decisions resumed {took:?} after the master was killed");
     assert_eq!(server.ok(user("z")).await.statuses[0].limit_remaining, 9);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tollgate_started_before_redis_is_not_ready_then_serves_once_redis_answers() {
+    let port = free_port();
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let store = format!("redis://127.0.0.1:{port}");
+    let replica = Replica::spawn(config.path(), &["--store", &store]);
+    // Up (liveness) but not ready, and decisions are UNAVAILABLE: never a crash.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(replica.http_addr())
+        .await
+        .is_err()
+        || http(replica.http_addr(), "GET", "/healthz", "").await.0 != 200
+    {
+        assert!(Instant::now() < deadline, "tollgate never came up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(http(replica.http_addr(), "GET", "/readyz", "").await.0, 500);
+    let mut client = replica.client().await;
+    let status = client.should_rate_limit(user("a")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+
+    let _redis = common::redis_process::RedisServer::start_on(port);
+    replica.wait_ready().await;
+    let response = client
+        .should_rate_limit(user("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.statuses[0].limit_remaining, 9);
+}

@@ -182,6 +182,9 @@ impl RedisStore {
     /// Creates the store and starts connecting in the background. Must run inside a tokio
     /// runtime.
     pub fn start(spec: RedisSpec, options: RedisOptions) -> Arc<Self> {
+        // rediss:// goes through rustls, which needs a process-wide crypto provider; an
+        // error only means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let store = Arc::new(Self {
             connection: Arc::new(OnceLock::new()),
             deny_cache: DenyCache::new(options.deny_cache_size),
@@ -400,5 +403,60 @@ impl CounterStore for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.connection()?.ping().await.map_err(unavailable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(url: &str) -> RedisSpec {
+        RedisSpec::parse(url, None)
+            .expect("a Redis URL")
+            .expect("valid")
+    }
+
+    #[test]
+    fn cluster_urls_name_every_node_with_the_shared_credentials() {
+        let spec = parse("redis-cluster://user:secret@127.0.0.1:7000,127.0.0.1:7001/");
+        assert!(spec.cluster);
+        assert_eq!(
+            spec.nodes,
+            [
+                "redis://user:secret@127.0.0.1:7000",
+                "redis://user:secret@127.0.0.1:7001"
+            ]
+        );
+        let tls = parse("rediss-cluster://h1:7000,h2:7001");
+        assert_eq!(tls.nodes, ["rediss://h1:7000", "rediss://h2:7001"]);
+        assert!(!parse("rediss://h:6380").cluster);
+    }
+
+    #[test]
+    fn passwords_never_appear_in_debug_output() {
+        let spec = RedisSpec::parse("redis://:hunter2@127.0.0.1:6379", Some("s3cret".into()))
+            .unwrap()
+            .unwrap();
+        let shown = format!("{spec:?}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn a_password_file_overrides_the_url() {
+        let spec = RedisSpec::parse("redis://:old@127.0.0.1:6379", Some("new".into()))
+            .unwrap()
+            .unwrap();
+        let infos = spec.connection_infos().unwrap();
+        assert_eq!(infos[0].redis_settings().password(), Some("new"));
+    }
+
+    #[test]
+    fn other_schemes_are_not_redis_and_empty_clusters_are_errors() {
+        assert!(RedisSpec::parse("memcached://x", None).is_none());
+        assert!(RedisSpec::parse("redis-cluster://", None).unwrap().is_err());
     }
 }

@@ -44,8 +44,13 @@ fn free_node_port() -> u16 {
 impl RedisServer {
     /// A standalone server with no persistence.
     pub fn start() -> Self {
+        Self::start_on(free_node_port())
+    }
+
+    /// A standalone server on `port`.
+    pub fn start_on(port: u16) -> Self {
         let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
-        Self::spawn(free_node_port(), tmp, false)
+        Self::spawn(port, tmp, false)
     }
 
     fn spawn(port: u16, tmp: std::sync::Arc<tempfile::TempDir>, cluster: bool) -> Self {

@@ -43,6 +43,8 @@ pub enum Command {
     Check(CheckArgs),
     /// Send one ShouldRateLimit call and print each status and the overall code.
     Query(QueryArgs),
+    /// Load-test an RLS v3 server (closed loop) and report decisions/s and latency.
+    Bench(BenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -161,6 +163,53 @@ pub struct QueryArgs {
     /// Request-level hits_addend (0 means 1).
     #[arg(long, default_value_t = 0)]
     pub hits: u32,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Server address, e.g. `http://127.0.0.1:8081`.
+    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
+    pub addr: String,
+
+    /// Rate-limit domain of every request.
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+
+    /// Descriptor entry key.
+    #[arg(long, default_value = "user")]
+    pub key: String,
+
+    /// Distinct values cycled through (distinct counters).
+    #[arg(long, default_value_t = 10_000)]
+    pub values: usize,
+
+    /// Descriptors per request.
+    #[arg(long, default_value_t = 1)]
+    pub descriptors: usize,
+
+    /// Request-level hits_addend (0 means 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits: u32,
+
+    /// Requests in flight.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+
+    /// HTTP/2 connections the requests share.
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+
+    /// Measured time.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Unmeasured time before it.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Why `serve`'s flags cannot be used.

@@ -14,16 +14,25 @@
 //! algorithm/   pure functions (state, now, limit, hits) → (state, outcome)
 //! ```
 //!
+//! # Stores
+//!
+//! - `storage/memory.rs`: in-process, sharded, calls the algorithm functions under its locks.
+//! - `storage/redis.rs`: Redis and Redis Cluster; `storage/script.rs` + `storage/lua/`: the
+//!   algorithms ported to one Lua script (parity-tested against the Rust functions), called
+//!   once per slot group; `storage/guard.rs`: store timeout and circuit breaker;
+//!   `storage/deny_cache.rs`: local answers for counters known to be denied.
+//!
 //! # Layout
 //!
 //! - `cli`, `main.rs`: the command line; `server`: listeners, health probe, graceful shutdown;
 //!   `admin`: the HTTP endpoints; `health`: gRPC/HTTP readiness; `shutdown`: signals.
 //! - `config`: YAML files → `rules::RuleSet`, with `file:line: path: reason` errors.
 //! - `descriptor`: the request vocabulary and its input bounds; `limit`: units and limits.
-//! - `pb`: generated protobuf code; `clock`: time as a value.
+//! - `pb`: generated protobuf code; `clock`: time as a value; `bench`: the load generator.
 
 pub mod admin;
 pub mod algorithm;
+pub mod bench;
 pub mod cli;
 pub mod clock;
 pub mod config;

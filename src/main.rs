@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{Cli, Command, QueryArgs, ServeArgs};
-use tollgate::{config, pb, query, server, shutdown, storage, telemetry};
+use tollgate::cli::{BenchArgs, Cli, Command, QueryArgs, ServeArgs};
+use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
@@ -14,6 +14,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve(args).await,
         Command::Check(args) => Ok(check(&args.dir)),
         Command::Query(args) => query(args).await,
+        Command::Bench(args) => run_bench(args).await,
     }
 }
 
@@ -52,5 +53,15 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     };
     let response = query::call(args.addr, request.clone()).await?;
     print!("{}", query::render(&request, &response));
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let report = bench::run(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
     Ok(ExitCode::SUCCESS)
 }

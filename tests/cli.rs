@@ -83,3 +83,40 @@ async fn serve_answers_query_ok_then_over_limit() {
     );
     assert!(printed.ends_with("s\noverall: OVER_LIMIT\n"), "{printed}");
 }
+
+#[tokio::test]
+async fn bench_drives_a_server_and_reports_exact_counts() {
+    let config = config_dir(&[(
+        "bench.yaml",
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: sliding_log}\n",
+    )]);
+    let replica = Replica::spawn(config.path(), &[]);
+    replica.wait_ready().await;
+    let addr = format!("http://127.0.0.1:{}", replica.grpc);
+    let output = run(&[
+        "bench",
+        "--addr",
+        &addr,
+        "--values",
+        "5",
+        "--concurrency",
+        "4",
+        "--connections",
+        "2",
+        "--warmup",
+        "0s",
+        "--duration",
+        "500ms",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 5 distinct users, 2 per hour each: exactly 10 admitted, every other call denied.
+    assert_eq!(report["ok"], 10);
+    assert_eq!(report["errors"], 0);
+    assert!(report["over_limit"].as_u64().unwrap() > 0, "{report}");
+    assert!(
+        report["latency_us"]["p50"].as_u64().unwrap() > 0,
+        "{report}"
+    );
+}

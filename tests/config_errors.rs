@@ -54,7 +54,7 @@ config_error! {
     bad_min_interval => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.min_interval: expected a duration such as 3s or 500ms, got \"soon\"";
     sliding_log_over_cap => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: sliding_log keeps one timestamp per admitted hit, so its limit is capped at 10000 (got 50000); use sliding_window or gcra for larger limits";
     zero_unit_multiplier => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit_multiplier: must be at least 1";
-    burst_too_large_to_count_exactly => "api.yaml:4: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: burst × window in seconds must be at most 2^52 for gcra to count exactly; use a shorter unit with a proportional limit";
+    burst_too_large_to_count_exactly => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: burst × window in seconds must be at most 2^52 for gcra to count exactly; use a shorter unit with a proportional limit";
     zero_burst => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: must be at least 1 (write requests_per_unit: 0 to deny every request)";
     bad_anchor => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.anchor: expected one of epoch|first_hit, got \"midnight\"";
     unlimited_with_algorithm => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: must not be set when unlimited is true";

@@ -106,6 +106,7 @@ async fn run_sequence(
             now: Some(now),
             charge,
             complete: true,
+            expected: &[],
         };
         let values: Vec<i64> = call
             .invoke(connection)

@@ -1,23 +1,25 @@
-//! The local deny cache: when the store says a counter is denied until some instant, later
-//! requests whose every counter is known denied are answered here, without a round trip
-//! (a client hammering a limit it is over costs Redis nothing). Only for the default charge
-//! (with `--count-denied` a denied hit must still be counted in the store).
+//! The local deny cache, in front of a remote store: when the store says a counter is denied
+//! until some instant, later requests whose every counter is known denied are answered here,
+//! without a round trip (a client hammering a limit it is over costs Redis nothing, and keeps
+//! being denied while Redis is down). Only for the default charge (with `--count-denied` a
+//! denied hit must still be counted in the store).
 //!
 //! Safe: a denial lasts at least until its `retry_after` whatever other replicas do (they can
 //! only consume more), except for a refund of a vetoed request, which can make room a little
 //! early; the cache then under-admits briefly, never over-admits. Bounded: an LRU of
 //! `capacity` counters.
 
+use std::collections::HashSet;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use lru::LruCache;
 
-use super::Hit;
 use super::keys::CounterKey;
+use super::{CounterStore, Hit, StoreError};
 use crate::algorithm::{Outcome, Params};
-use crate::clock::Micros;
+use crate::clock::{Clock, Micros};
 
 struct Denied {
     /// The limit it was denied under (a per-request override may count the same counter
@@ -77,14 +79,21 @@ impl DenyCache {
     }
 
     /// Learns from a store answer: denied counters are remembered until their retry time,
-    /// allowed ones forgotten.
+    /// allowed ones forgotten. A counter named twice in the request is only forgotten: its
+    /// later denial may have been decided on hits the veto then gave back.
     pub fn remember(&self, hits: &[Hit], outcomes: &[Outcome], now: Micros) {
         let Some(entries) = &self.entries else {
             return;
         };
+        let mut seen = HashSet::with_capacity(hits.len());
+        let repeated: HashSet<&CounterKey> = hits
+            .iter()
+            .map(|hit| &hit.key)
+            .filter(|key| !seen.insert(*key))
+            .collect();
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
         for (hit, outcome) in hits.iter().zip(outcomes) {
-            if outcome.allowed {
+            if outcome.allowed || repeated.contains(&hit.key) {
                 entries.pop(&hit.key);
             } else if outcome.retry_after > 0 {
                 let denied = Denied {
@@ -96,5 +105,116 @@ impl DenyCache {
                 entries.put(hit.key.clone(), denied);
             }
         }
+    }
+}
+
+/// A store with a deny cache in front.
+pub struct DenyCached {
+    inner: Arc<dyn CounterStore>,
+    cache: DenyCache,
+    clock: Arc<dyn Clock>,
+}
+
+impl DenyCached {
+    pub fn new(inner: Arc<dyn CounterStore>, capacity: usize, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            inner,
+            cache: DenyCache::new(capacity),
+            clock,
+        }
+    }
+
+    /// Requests answered from the cache.
+    pub fn hits(&self) -> u64 {
+        self.cache.hits()
+    }
+}
+
+#[tonic::async_trait]
+impl CounterStore for DenyCached {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        let now = self.clock.now();
+        if let Some(outcomes) = self.cache.answer(hits, now) {
+            return Ok(outcomes);
+        }
+        let outcomes = self.inner.apply(hits).await?;
+        self.cache.remember(hits, &outcomes, now);
+        Ok(outcomes)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.inner.ping().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Algorithm;
+    use crate::storage::Role;
+    use crate::storage::keys::{EntryValue, counter_key};
+
+    fn hit(user: &str, hits: u64) -> Hit {
+        let params = Params {
+            algorithm: Algorithm::default(),
+            requests: 10,
+            window: 60_000_000,
+        };
+        Hit {
+            descriptor: 0,
+            key: counter_key("d", [("user", EntryValue::Actual(user))], &params),
+            params,
+            hits,
+            role: Role::Enforced,
+        }
+    }
+
+    fn denied(retry_after: Micros) -> Outcome {
+        Outcome {
+            allowed: false,
+            remaining: 0,
+            reset_after: 60_000_000,
+            retry_after,
+        }
+    }
+
+    #[test]
+    fn a_known_denial_is_answered_until_its_retry_time_for_as_many_hits_or_more() {
+        let cache = DenyCache::new(10);
+        cache.remember(&[hit("a", 2)], &[denied(5_000_000)], 1_000);
+        let answer = cache.answer(&[hit("a", 2)], 2_000).unwrap();
+        assert_eq!(answer[0].retry_after, 4_999_000);
+        assert!(
+            cache.answer(&[hit("a", 1)], 2_000).is_none(),
+            "fewer hits may pass"
+        );
+        assert!(cache.answer(&[hit("a", 2)], 5_001_000).is_none(), "expired");
+        assert!(
+            cache.answer(&[hit("a", 2), hit("b", 1)], 2_000).is_none(),
+            "b unknown"
+        );
+        assert_eq!(cache.hits(), 1);
+    }
+
+    #[test]
+    fn a_counter_named_twice_is_never_cached() {
+        let cache = DenyCache::new(10);
+        let allowed = Outcome {
+            allowed: true,
+            ..Outcome::default()
+        };
+        cache.remember(
+            &[hit("a", 3), hit("a", 3)],
+            &[allowed, denied(60_000_000)],
+            0,
+        );
+        assert!(cache.answer(&[hit("a", 3)], 1).is_none());
+    }
+
+    #[test]
+    fn size_zero_is_off() {
+        let cache = DenyCache::new(0);
+        cache.remember(&[hit("a", 1)], &[denied(1_000)], 0);
+        assert!(cache.answer(&[hit("a", 1)], 1).is_none());
     }
 }

@@ -91,12 +91,31 @@ pub fn build_store(spec: &StoreSpec, options: StoreOptions) -> Arc<dyn CounterSt
                 redis::RedisOptions {
                     charge: options.charge,
                     timeout: options.timeout,
-                    deny_cache_size: options.deny_cache_size,
                     clock: None,
                 },
             );
-            Arc::new(guard::Guarded::new(store, options.timeout))
+            remote_stack(store, options, Arc::new(SystemClock))
         }
+    }
+}
+
+/// A remote store as served: the deny cache (default charge only) in front of the store
+/// timeout and circuit breaker, so that cached denials neither reset the breaker nor wait
+/// for it.
+pub fn remote_stack(
+    store: Arc<dyn CounterStore>,
+    options: StoreOptions,
+    clock: Arc<dyn crate::clock::Clock>,
+) -> Arc<dyn CounterStore> {
+    let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(store, options.timeout));
+    if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
+        Arc::new(deny_cache::DenyCached::new(
+            guarded,
+            options.deny_cache_size,
+            clock,
+        ))
+    } else {
+        guarded
     }
 }
 

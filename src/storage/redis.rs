@@ -22,7 +22,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::Slot;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
-use super::deny_cache::DenyCache;
 use super::script::{Call, Mode, Reply, SCRIPT, parse_reply};
 use super::{CounterStore, Hit, StoreError, vetoed};
 use crate::algorithm::{Charge, Outcome};
@@ -122,8 +121,6 @@ pub struct RedisOptions {
     pub charge: Charge,
     /// Bound on one store call, including redis-rs's own retries.
     pub timeout: Duration,
-    /// Counters the local deny cache remembers (0: off).
-    pub deny_cache_size: usize,
     /// Explicit time passed to the script (tests); `None`: Redis `TIME`.
     pub clock: Option<Arc<dyn Clock>>,
 }
@@ -172,7 +169,6 @@ impl Connection {
 pub struct RedisStore {
     connection: Arc<OnceLock<Connection>>,
     options: RedisOptions,
-    deny_cache: DenyCache,
 }
 
 /// Backoff of the background connect: from 100 ms, doubling, at most 5 s apart.
@@ -187,7 +183,6 @@ impl RedisStore {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let store = Arc::new(Self {
             connection: Arc::new(OnceLock::new()),
-            deny_cache: DenyCache::new(options.deny_cache_size),
             options,
         });
         let slot = Arc::clone(&store.connection);
@@ -212,11 +207,6 @@ impl RedisStore {
         store
     }
 
-    /// Local deny cache hits so far.
-    pub fn deny_cache_hits(&self) -> u64 {
-        self.deny_cache.hits()
-    }
-
     fn connection(&self) -> Result<&Connection, StoreError> {
         self.connection
             .get()
@@ -225,11 +215,6 @@ impl RedisStore {
 
     fn explicit_now(&self) -> Option<Micros> {
         self.options.clock.as_ref().map(|clock| clock.now())
-    }
-
-    fn local_now(&self) -> Micros {
-        self.explicit_now()
-            .unwrap_or_else(|| crate::clock::SystemClock.now())
     }
 
     async fn apply_remote(
@@ -255,6 +240,7 @@ impl RedisStore {
                 now,
                 charge,
                 complete,
+                expected: &[],
             };
             async move { connection.call(&call).await }
         });
@@ -271,13 +257,15 @@ impl RedisStore {
         if !complete && charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
         {
             self.refund(connection, &groups, &grouped, &replies, &mut outcomes)
-                .await?;
+                .await;
         }
         Ok(outcomes)
     }
 
     /// Gives back what the committed groups of a vetoed request consumed; their allowed hits
-    /// then report their counters as they are after the refund.
+    /// then report their counters as they are after the refund. The refund runs as its own
+    /// task, so a caller that goes away (a client deadline) does not leave hits consumed; if it
+    /// fails, the request is still answered as vetoed, its counters under-admitting briefly.
     async fn refund(
         &self,
         connection: &Connection,
@@ -285,47 +273,73 @@ impl RedisStore {
         grouped: &[Vec<Hit>],
         replies: &[Reply],
         outcomes: &mut [Outcome],
-    ) -> Result<(), StoreError> {
-        let refunds: Vec<(usize, Vec<Hit>, Micros)> = grouped
+    ) {
+        let refunds: Vec<Refund> = grouped
             .iter()
             .zip(replies)
             .enumerate()
             .filter(|(_, (_, reply))| reply.committed)
-            .map(|(group, (hits, reply))| {
-                let consumed = hits
+            .map(|(group, (hits, reply))| Refund {
+                group,
+                hits: hits
                     .iter()
                     .zip(&reply.outcomes)
                     .map(|(hit, outcome)| Hit {
                         hits: if outcome.allowed { hit.hits } else { 0 },
                         ..hit.clone()
                     })
-                    .collect();
-                (group, consumed, reply.now)
+                    .collect(),
+                at: reply.now,
+                expected: reply.states.clone(),
             })
             .collect();
-        let calls = refunds.iter().map(|(_, hits, at)| {
-            let call = Call {
-                mode: Mode::Refund { at: *at },
-                hits,
-                now: None,
-                charge: Charge::IfAllowed,
-                complete: false,
-            };
-            async move { connection.call(&call).await }
+        let connection = connection.clone();
+        let task = tokio::spawn(async move {
+            let calls = refunds.iter().map(|refund| {
+                let call = Call {
+                    mode: Mode::Refund { at: refund.at },
+                    hits: &refund.hits,
+                    now: None,
+                    charge: Charge::IfAllowed,
+                    complete: false,
+                    expected: &refund.expected,
+                };
+                let connection = &connection;
+                async move { connection.call(&call).await }
+            });
+            let replies = futures_util::future::try_join_all(calls).await;
+            (refunds, replies)
         });
-        let replies = futures_util::future::try_join_all(calls)
-            .await
-            .map_err(unavailable)?;
-        for ((group, consumed, _), reply) in refunds.iter().zip(replies) {
-            for ((&index, hit), outcome) in groups[*group].iter().zip(consumed).zip(reply.outcomes)
-            {
-                if hit.hits > 0 {
-                    outcomes[index] = outcome;
+        match task.await {
+            Ok((refunds, Ok(replies))) => {
+                for (refund, reply) in refunds.iter().zip(replies) {
+                    let indices = &groups[refund.group];
+                    for ((&index, hit), outcome) in
+                        indices.iter().zip(&refund.hits).zip(reply.outcomes)
+                    {
+                        if hit.hits > 0 {
+                            outcomes[index] = outcome;
+                        }
+                    }
                 }
             }
+            Ok((_, Err(error))) => {
+                tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset");
+            }
+            Err(error) => tracing::warn!(%error, "refund task failed"),
         }
-        Ok(())
     }
+}
+
+/// What one committed slot group of a vetoed request gives back.
+struct Refund {
+    group: usize,
+    /// The group's hits, with `hits` 0 for those that did not consume.
+    hits: Vec<Hit>,
+    /// When the apply call consumed.
+    at: Micros,
+    /// The state the apply call left, which a token bucket or GCRA refund requires.
+    expected: Vec<(i64, i64)>,
 }
 
 /// Indices of `hits` per cluster slot, in request order within each slot.
@@ -387,18 +401,7 @@ async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, Redi
 #[tonic::async_trait]
 impl CounterStore for RedisStore {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        let now = self.local_now();
-        if self.options.charge == Charge::IfAllowed
-            && let Some(outcomes) = self.deny_cache.answer(hits, now)
-        {
-            return Ok(outcomes);
-        }
-        let connection = self.connection()?;
-        let outcomes = self.apply_remote(connection, hits).await?;
-        if self.options.charge == Charge::IfAllowed {
-            self.deny_cache.remember(hits, &outcomes, now);
-        }
-        Ok(outcomes)
+        self.apply_remote(self.connection()?, hits).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

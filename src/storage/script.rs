@@ -45,6 +45,8 @@ pub struct Call<'a> {
     pub now: Option<Micros>,
     pub charge: Charge,
     pub complete: bool,
+    /// For a refund: the state numbers the apply call reported per hit (`Reply::states`).
+    pub expected: &'a [(i64, i64)],
 }
 
 /// What a call answered.
@@ -55,6 +57,8 @@ pub struct Reply {
     /// Whether the hits were consumed (not vetoed within the call).
     pub committed: bool,
     pub outcomes: Vec<Outcome>,
+    /// Per hit, the first two numbers of its counter's state after the call (-1: none).
+    pub states: Vec<(i64, i64)>,
 }
 
 impl Call<'_> {
@@ -98,8 +102,9 @@ impl Call<'_> {
                 "0"
             })
             .arg(if self.complete { "1" } else { "0" });
-        for hit in self.hits {
+        for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
+            let expected = self.expected.get(index).copied().unwrap_or((-1, -1));
             let tick = params.tick().unwrap_or(1_000_000);
             let parameter = match params.algorithm {
                 Algorithm::FixedWindow { anchor } => u64::from(anchor == Anchor::FirstHit),
@@ -119,25 +124,34 @@ impl Call<'_> {
                     Role::Quota => "q",
                     Role::Shadow => "s",
                 })
-                .arg(hit.descriptor);
+                .arg(hit.descriptor)
+                .arg(expected.0)
+                .arg(expected.1);
         }
         command
     }
 }
 
+/// Numbers per hit in a reply.
+const PER_HIT: usize = 6;
+
 /// Reads the script's reply for `count` hits.
 pub fn parse_reply(values: &[i64], count: usize) -> Result<Reply, StoreError> {
     let malformed = || StoreError::Unavailable(format!("malformed script reply: {values:?}"));
     let (head, outcomes) = values.split_at_checked(2).ok_or_else(malformed)?;
-    if outcomes.len() != count * 4 {
+    if outcomes.len() != count * PER_HIT {
         return Err(malformed());
     }
     let non_negative = |value: i64| u64::try_from(value).map_err(|_| malformed());
     Ok(Reply {
         now: non_negative(head[0])?,
         committed: head[1] == 1,
+        states: outcomes
+            .chunks_exact(PER_HIT)
+            .map(|o| (o[4], o[5]))
+            .collect(),
         outcomes: outcomes
-            .chunks_exact(4)
+            .chunks_exact(PER_HIT)
             .map(|o| {
                 Ok(Outcome {
                     allowed: o[0] == 1,

@@ -17,10 +17,9 @@ use tollgate::algorithm::Charge;
 use tollgate::clock::ManualClock;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 use tollgate::server::{self, Listeners, Options, ServerError};
-use tollgate::storage::CounterStore;
-use tollgate::storage::guard::Guarded;
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
+use tollgate::storage::{CounterStore, StoreOptions, remote_stack};
 use tonic::transport::Channel;
 
 use redis_process::{RedisCluster, RedisServer};
@@ -129,11 +128,15 @@ pub fn redis_store(
         RedisOptions {
             charge,
             timeout,
-            deny_cache_size: 1_000,
             clock: Some(Arc::new(clock.clone())),
         },
     );
-    Arc::new(Guarded::new(store, timeout))
+    let options = StoreOptions {
+        charge,
+        timeout,
+        deny_cache_size: 1_000,
+    };
+    remote_stack(store, options, Arc::new(clock.clone()))
 }
 
 fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Backing) {

@@ -10,11 +10,13 @@
 -- ARGV[4]   "1" when these are all the hits of the request, so the whole veto rule applies
 --           here; "0" when other slots hold the rest (only an enforced denial vetoes here,
 --           the caller refunds when the whole request turns out vetoed).
--- ARGV[5..] 8 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
+-- ARGV[5..] 10 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
 --           (anchor, min_interval in ticks, or burst), hits, role (e enforced|q quota|s
---           shadow), descriptor index (a descriptor's hits are adjacent).
--- Returns   {now µs, committed (1|0), then 4 per hit: allowed (1|0), remaining,
---           reset_after µs, retry_after µs}.
+--           shadow), descriptor index (a descriptor's hits are adjacent), and for "refund" the
+--           two numbers the apply call reported for the counter (else -1 -1).
+-- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining,
+--           reset_after µs, retry_after µs, and the first two numbers of the counter's state
+--           after the call (-1 when it has none), which a refund checks.
 -- State     one string per counter, its numbers separated by spaces; expires once the limit
 --           is fully available again (PX), an hour later with an explicit clock, which does
 --           not run with Redis's.
@@ -41,7 +43,7 @@ local complete = ARGV[4] == '1'
 
 local hits = {}
 for i = 1, #KEYS do
-  local base = 4 + (i - 1) * 8
+  local base = 4 + (i - 1) * 10
   local hit = {
     key = KEYS[i],
     algorithm = ALGORITHMS[ARGV[base + 1]],
@@ -52,6 +54,8 @@ for i = 1, #KEYS do
     hits = tonumber(ARGV[base + 6]),
     role = ARGV[base + 7],
     descriptor = ARGV[base + 8],
+    expect_1 = tonumber(ARGV[base + 9]),
+    expect_2 = tonumber(ARGV[base + 10]),
   }
   if hit.algorithm == nil or hit.requests == nil or hit.window == nil or hit.tick == nil
     or hit.tick < 1 or hit.parameter == nil or hit.hits == nil or hit.descriptor == nil then
@@ -103,17 +107,21 @@ local function decide(hit, state, at, count)
   }
 end
 
-local function reply(at, committed, decisions)
+-- `final` maps a key to its state after the call (false: none).
+local function reply(at, committed, decisions, final)
   local out = { at, committed }
-  for _, d in ipairs(decisions) do
+  for i, d in ipairs(decisions) do
     local allowed = 0
     if d.allowed then
       allowed = 1
     end
+    local state = final[hits[i].key]
     out[#out + 1] = allowed
     out[#out + 1] = d.remaining
     out[#out + 1] = d.reset_after
     out[#out + 1] = d.retry_after
+    out[#out + 1] = (state and state[1]) or -1
+    out[#out + 1] = (state and state[2]) or -1
   end
   return out
 end
@@ -167,17 +175,36 @@ local function give_back(hit, state, at, count)
 end
 
 if mode == 'refund' then
+  -- One give-back per counter, of all its hits in the request. A token bucket's or GCRA's
+  -- state absorbs consumption into its refill cap or TAT floor once time passes, so giving
+  -- back to a state that changed since could hand out hits nobody paid for: those refund only
+  -- if the counter is still exactly as the apply call left it (else they under-admit briefly).
+  -- Windows and logs record consumption at its instant, so their give-back is exact anyway.
+  local totals, order = {}, {}
+  for _, hit in ipairs(hits) do
+    if totals[hit.key] == nil then
+      totals[hit.key] = 0
+      order[#order + 1] = hit
+    end
+    totals[hit.key] = totals[hit.key] + hit.hits
+  end
+  local final = {}
+  for _, hit in ipairs(order) do
+    local state = read_state(hit.key)
+    local unchanged = state and state[1] == hit.expect_1 and state[2] == hit.expect_2
+    local exact = hit.algorithm ~= token_bucket and hit.algorithm ~= gcra
+    if state and totals[hit.key] > 0 and (exact or unchanged) then
+      give_back(hit, state, idiv(now, hit.tick), totals[hit.key])
+      redis.call('SET', hit.key, encode(state), 'KEEPTTL')
+    end
+    final[hit.key] = state
+  end
   -- Refunded hits report a check on their counter as it now is.
   local decisions = {}
   for i, hit in ipairs(hits) do
-    local state = read_state(hit.key)
-    if state and hit.hits > 0 then
-      give_back(hit, state, idiv(now, hit.tick), hit.hits)
-      redis.call('SET', hit.key, encode(state), 'KEEPTTL')
-    end
-    decisions[i] = decide(hit, state, now, 0)
+    decisions[i] = decide(hit, final[hit.key], now, 0)
   end
-  return reply(now, 0, decisions)
+  return reply(now, 0, decisions, final)
 end
 
 -- Each hit sees the state left by the hits before it (a counter named twice counts twice).
@@ -232,10 +259,15 @@ if vetoed then
       decisions[i] = decide(hit, stored[hit.key], now, 0)
     end
   end
-  return reply(now, 0, decisions)
+  return reply(now, 0, decisions, stored)
 end
 
+local final = {}
+for key, state in pairs(stored) do
+  final[key] = state
+end
 for key, state in pairs(after) do
   redis.call('SET', key, encode(state), 'PX', string.format('%.0f', ttl_ms(expires[key])))
+  final[key] = state
 end
-return reply(now, 1, decisions)
+return reply(now, 1, decisions, final)

@@ -28,17 +28,23 @@ local function sliding_log_append(runs, now, hits, limit)
   end
 end
 
--- When `need` hits would be admitted, or nil if never.
-local function sliding_log_retry(runs, now, limit, window, min_interval, need, bunched)
-  if need > limit or bunched then
-    return nil
-  end
+-- Hits of the runs still inside the window.
+local function sliding_log_count(runs, now, window)
   local count = 0
   for _, run in ipairs(runs) do
     if run[1] + window > now then
       count = count + run[2]
     end
   end
+  return count
+end
+
+-- When `need` hits would be admitted, or nil if never.
+local function sliding_log_retry(runs, now, limit, window, min_interval, need, bunched)
+  if need > limit or bunched then
+    return nil
+  end
+  local count = sliding_log_count(runs, now, window)
   local to_expire = math.max(count + need - limit, 0)
   local for_room = 0
   for _, run in ipairs(runs) do
@@ -77,12 +83,7 @@ local function sliding_log(state, now, limit, window, min_interval, hits, charge
   for i = first, #all do
     runs[#runs + 1] = all[i]
   end
-  local count = 0
-  for _, run in ipairs(runs) do
-    if run[1] + window > now then
-      count = count + run[2]
-    end
-  end
+  local count = sliding_log_count(runs, now, window)
   local need = math.max(hits, 1)
   local gap_ok = #runs == 0 or now - runs[#runs][1] >= min_interval
   local bunched = min_interval > 0 and hits > 1

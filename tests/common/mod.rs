@@ -265,6 +265,58 @@ impl Drop for TestServer {
     }
 }
 
+/// An HTTP response: status, headers (names lower-cased) and body.
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// A GET with extra request headers (`Connection: close`).
+pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> HttpResponse {
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(addr).expect("connect http");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        stream.write_all(request.as_bytes()).expect("write http");
+        let mut response = String::new();
+        stream.read_to_string(&mut response).expect("read http");
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|line| line.split(' ').nth(1))
+            .and_then(|code| code.parse().ok())
+            .expect("status line");
+        let headers = lines
+            .filter_map(|line| line.split_once(':'))
+            .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+            .collect();
+        HttpResponse {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    })
+    .await
+    .expect("http task")
+}
+
 /// A minimal HTTP/1.1 exchange (`Connection: close`): returns the status and the body.
 pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
     let request = format!(
@@ -403,7 +455,12 @@ pub struct Replica {
 impl Replica {
     /// Starts `tollgate serve` on free ports with `extra` flags; does not wait.
     pub fn spawn(config: &Path, extra: &[&str]) -> Self {
-        let (grpc, http) = (free_port(), free_port());
+        Self::spawn_on(config, free_port(), extra)
+    }
+
+    /// Starts `tollgate serve` with its gRPC listener on `grpc`.
+    pub fn spawn_on(config: &Path, grpc: u16, extra: &[&str]) -> Self {
+        let http = free_port();
         Self {
             grpc,
             http,

@@ -45,6 +45,19 @@ pub enum Command {
     Query(QueryArgs),
     /// Load-test an RLS v3 server (closed loop) and report decisions/s and latency.
     Bench(BenchArgs),
+    /// Exit 0 when the server reports SERVING on gRPC health, else 1 (container health checks).
+    Health(HealthArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct HealthArgs {
+    /// Server address.
+    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
+    pub addr: String,
+
+    /// gRPC health service name.
+    #[arg(long, default_value = "ratelimit")]
+    pub service: String,
 }
 
 #[derive(Debug, Args)]

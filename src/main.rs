@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{BenchArgs, Cli, Command, QueryArgs, ServeArgs};
+use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
 use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 
 #[tokio::main]
@@ -15,6 +15,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Check(args) => Ok(check(&args.dir)),
         Command::Query(args) => query(args).await,
         Command::Bench(args) => run_bench(args).await,
+        Command::Health(args) => health(args).await,
     }
 }
 
@@ -64,4 +65,18 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
         print!("{}", report.render());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
+    Ok(match query::serving(args.addr, args.service).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("not serving");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            ExitCode::FAILURE
+        }
+    })
 }

@@ -94,3 +94,22 @@ mod tests {
         assert!(parse_descriptor("user").is_err());
     }
 }
+
+/// `tollgate health`: whether the server at `addr` reports SERVING for `service` on gRPC
+/// health, for container health checks (the runtime image has no shell or curl).
+pub async fn serving(addr: String, service: String) -> Result<bool, QueryError> {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let channel = tonic::transport::Endpoint::from_shared(addr)?
+        .connect_timeout(std::time::Duration::from_secs(2))
+        .timeout(std::time::Duration::from_secs(2))
+        .connect()
+        .await?;
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest { service })
+        .await?
+        .into_inner()
+        .status;
+    Ok(status == ServingStatus::Serving as i32)
+}

@@ -120,3 +120,21 @@ async fn bench_drives_a_server_and_reports_exact_counts() {
         "{report}"
     );
 }
+
+#[tokio::test]
+async fn health_exits_0_when_serving_and_1_when_nothing_answers() {
+    let replica = Replica::spawn(std::path::Path::new("examples/config"), &[]);
+    replica.wait_ready().await;
+    let serving = run(&[
+        "health",
+        "--addr",
+        &format!("http://127.0.0.1:{}", replica.grpc),
+    ]);
+    assert_eq!(serving.status.code(), Some(0), "{serving:?}");
+    let closed = run(&[
+        "health",
+        "--addr",
+        &format!("http://127.0.0.1:{}", free_port()),
+    ]);
+    assert_eq!(closed.status.code(), Some(1), "{closed:?}");
+}

@@ -1,0 +1,163 @@
+//! deploy/ is tested, not just written: every Kubernetes manifest passes kubernetes-validate
+//! (strict, pinned Kubernetes version), each kustomization lists exactly its directory's
+//! manifests, the limits inside the ConfigMaps pass `tollgate check` (extracted here, not
+//! copied), the sidecar's Envoy config passes `envoy --mode validate`, and the Dockerfile
+//! passes hadolint. The tools come from .venv (scripts/test installs them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::tollgate_bin;
+use serde_json::Value;
+
+/// The Kubernetes version the manifests are validated against.
+const KUBERNETES: &str = "1.33.0";
+
+fn tool(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(".venv/bin")
+        .join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/test, which installs the pinned tools into .venv",
+        path.display()
+    );
+    path
+}
+
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        } else if path.extension().is_some_and(|e| e == "yaml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    files
+}
+
+fn manifests() -> Vec<PathBuf> {
+    yaml_files(Path::new("deploy/k8s"))
+        .into_iter()
+        .filter(|path| path.file_name().is_some_and(|n| n != "kustomization.yaml"))
+        .collect()
+}
+
+fn parse(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn run(command: &mut Command) -> std::process::Output {
+    let output = command.output().expect("run tool");
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+#[test]
+fn every_manifest_passes_kubernetes_validate() {
+    let files = manifests();
+    assert_eq!(files.len(), 9, "{files:?}");
+    run(Command::new(tool("kubernetes-validate"))
+        .args(["--kubernetes-version", KUBERNETES, "--strict", "--quiet"])
+        .args(&files));
+}
+
+#[test]
+fn each_kustomization_lists_exactly_the_manifests_beside_it_one_kind_per_file() {
+    for kustomization in yaml_files(Path::new("deploy/k8s"))
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "kustomization.yaml"))
+    {
+        let dir = kustomization.parent().unwrap();
+        let mut listed: Vec<String> = parse(&kustomization)["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_str().unwrap().to_owned())
+            .collect();
+        listed.sort();
+        let mut present: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != "kustomization.yaml"))
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        present.sort();
+        assert_eq!(listed, present, "{}", kustomization.display());
+    }
+    for manifest in manifests() {
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        assert_eq!(
+            text.matches("\nkind: ").count(),
+            1,
+            "{}",
+            manifest.display()
+        );
+    }
+}
+
+#[test]
+fn limits_in_the_configmaps_pass_tollgate_check() {
+    let mut checked = 0;
+    for manifest in manifests() {
+        let resource = parse(&manifest);
+        if resource["kind"] != "ConfigMap"
+            || resource["metadata"]["labels"]["app.kubernetes.io/component"] != "limits"
+        {
+            continue;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in resource["data"].as_object().unwrap() {
+            std::fs::write(dir.path().join(name), text.as_str().unwrap()).unwrap();
+        }
+        let output = run(tollgate_bin().arg("check").arg(dir.path()));
+        assert!(String::from_utf8_lossy(&output.stdout).contains("ok, 1 domain(s)"));
+        checked += 1;
+    }
+    assert_eq!(checked, 2, "the service's and the sidecar's limits");
+    run(tollgate_bin().args(["check", "deploy/config"]));
+}
+
+#[test]
+fn the_service_configmap_carries_the_limits_the_envoy_tests_use() {
+    let configmap = parse(Path::new("deploy/k8s/configmap.yaml"));
+    let inside: Value =
+        serde_saphyr::from_str(configmap["data"]["edge.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(inside, parse(Path::new("deploy/config/edge.yaml")));
+}
+
+#[test]
+fn the_sidecar_envoy_config_passes_envoy_validate() {
+    let configmap = parse(Path::new("deploy/k8s/sidecar/configmap-envoy.yaml"));
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("envoy.yaml");
+    std::fs::write(&config, configmap["data"]["envoy.yaml"].as_str().unwrap()).unwrap();
+    run(Command::new(tool("envoy"))
+        .args(["--mode", "validate", "--use-dynamic-base-id", "-c"])
+        .arg(&config));
+    run(Command::new(tool("envoy")).args([
+        "--mode",
+        "validate",
+        "--use-dynamic-base-id",
+        "-c",
+        "deploy/envoy/envoy.yaml",
+    ]));
+}
+
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    run(Command::new(tool("hadolint")).arg("deploy/docker/Dockerfile"));
+}

@@ -82,19 +82,6 @@ fn code(code: i32) -> &'static str {
     rls::Code::try_from(code).map_or("UNKNOWN", |code| code.as_str_name())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn descriptors_parse_from_pairs() {
-        let descriptor = parse_descriptor("user=alice,path=/a=b").unwrap();
-        assert_eq!(descriptor.entries.len(), 2);
-        assert_eq!(descriptor.entries[1].value, "/a=b");
-        assert!(parse_descriptor("user").is_err());
-    }
-}
-
 /// `tollgate health`: whether the server at `addr` reports SERVING for `service` on gRPC
 /// health, for container health checks (the runtime image has no shell or curl).
 pub async fn serving(addr: String, service: String) -> Result<bool, QueryError> {
@@ -112,4 +99,17 @@ pub async fn serving(addr: String, service: String) -> Result<bool, QueryError> 
         .into_inner()
         .status;
     Ok(status == ServingStatus::Serving as i32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_parse_from_pairs() {
+        let descriptor = parse_descriptor("user=alice,path=/a=b").unwrap();
+        assert_eq!(descriptor.entries.len(), 2);
+        assert_eq!(descriptor.entries[1].value, "/a=b");
+        assert!(parse_descriptor("user").is_err());
+    }
 }

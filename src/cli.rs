@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::algorithm::Charge;
 use crate::descriptor::InputLimits;
+use crate::headers::HeaderMode;
 use crate::limiter::Modes;
 use crate::server::Options;
 use crate::service::OnStoreError;
@@ -107,6 +108,17 @@ pub struct ServeArgs {
     /// behaviour). By default a rejected request consumes nothing.
     #[arg(long, env = "TOLLGATE_COUNT_DENIED")]
     pub count_denied: bool,
+
+    /// Rate-limit headers to add to every response with a limit: `off`, `draft03`
+    /// (X-RateLimit-*, as Envoy's own), `ietf` (RateLimit-Policy and RateLimit) or `legacy`
+    /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.
+    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off)]
+    pub response_headers: HeaderMode,
+
+    /// Add dynamic metadata to responses (domain, descriptors, hits_addend and the matched
+    /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
+    #[arg(long, env = "TOLLGATE_DYNAMIC_METADATA")]
+    pub dynamic_metadata: bool,
 
     /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
@@ -297,6 +309,8 @@ impl ServeArgs {
             shutdown_delay: self.shutdown_delay,
             drain_timeout: self.drain_timeout,
             on_store_error: self.on_store_error,
+            response_headers: self.response_headers,
+            dynamic_metadata: self.dynamic_metadata,
             ..Options::default()
         }
     }

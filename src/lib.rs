@@ -37,6 +37,8 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod descriptor;
+pub mod dynamic_metadata;
+pub mod headers;
 pub mod health;
 pub mod limit;
 pub mod limiter;

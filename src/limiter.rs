@@ -44,10 +44,12 @@ pub enum DescriptorStatus {
 }
 
 /// The answer for a request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<DescriptorStatus>,
+    /// Per descriptor, the `metadata` of the rule it matched, if any.
+    pub metadata: Vec<Option<Arc<serde_json::Value>>>,
 }
 
 /// Switches that change decisions for every request.
@@ -138,11 +140,22 @@ impl RateLimiter {
         // The store vetoes by the same rule, so the answer matches what was consumed.
         let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
         let overall = if over { Code::OverLimit } else { Code::Ok };
+        let metadata = matches
+            .iter()
+            .map(|found| match found {
+                Found::Rule(found) => found.rule.metadata.clone(),
+                _ => None,
+            })
+            .collect();
         let statuses: Vec<DescriptorStatus> = resolved
             .into_iter()
             .map(|resolved| status(resolved, &outcomes))
             .collect();
-        Ok(Decision { overall, statuses })
+        Ok(Decision {
+            overall,
+            statuses,
+            metadata,
+        })
     }
 
     fn resolve<'r>(

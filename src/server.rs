@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tonic::transport::server::{Router, TcpIncoming};
 
 use crate::descriptor::InputLimits;
+use crate::headers::HeaderMode;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::pb::RateLimitServiceServer;
@@ -36,6 +37,10 @@ pub struct Options {
     pub probe_every: Duration,
     /// What a request gets when the store fails.
     pub on_store_error: OnStoreError,
+    /// Rate-limit headers added to responses.
+    pub response_headers: HeaderMode,
+    /// Whether responses carry dynamic metadata.
+    pub dynamic_metadata: bool,
 }
 
 impl Default for Options {
@@ -48,6 +53,8 @@ impl Default for Options {
             drain_timeout: Duration::from_secs(10),
             probe_every: Duration::from_secs(1),
             on_store_error: OnStoreError::default(),
+            response_headers: HeaderMode::default(),
+            dynamic_metadata: false,
         }
     }
 }
@@ -103,7 +110,9 @@ pub async fn run(
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let limiter = Arc::new(RateLimiter::new(rules, Arc::clone(&store), options.modes));
     let service = RlsService::new(Arc::clone(&limiter), options.input_limits)
-        .with_on_store_error(options.on_store_error);
+        .with_on_store_error(options.on_store_error)
+        .with_response_headers(options.response_headers)
+        .with_dynamic_metadata(options.dynamic_metadata);
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let probe = tokio::spawn(health::probe_store(

@@ -8,6 +8,8 @@ use tonic::{Request, Response, Status};
 
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::descriptor::{self, InputLimits, RequestError};
+use crate::dynamic_metadata;
+use crate::headers::{self, HeaderMode};
 use crate::limit::Unit;
 use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
 use crate::pb::{self, rate_limit_response as rls};
@@ -34,6 +36,8 @@ pub struct RlsService {
     limiter: Arc<RateLimiter>,
     input_limits: InputLimits,
     on_store_error: OnStoreError,
+    header_mode: HeaderMode,
+    dynamic_metadata: bool,
 }
 
 impl RlsService {
@@ -42,6 +46,22 @@ impl RlsService {
             limiter,
             input_limits,
             on_store_error: OnStoreError::default(),
+            header_mode: HeaderMode::default(),
+            dynamic_metadata: false,
+        }
+    }
+
+    pub fn with_dynamic_metadata(self, dynamic_metadata: bool) -> Self {
+        Self {
+            dynamic_metadata,
+            ..self
+        }
+    }
+
+    pub fn with_response_headers(self, header_mode: HeaderMode) -> Self {
+        Self {
+            header_mode,
+            ..self
         }
     }
 
@@ -59,6 +79,8 @@ impl RlsService {
         request: pb::RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
+        // Dynamic metadata describes the request as sent; kept only when asked for.
+        let sent = self.dynamic_metadata.then(|| request.clone());
         let request = descriptor::Request::from_pb(request, &self.input_limits)?;
         let decision = self.limiter.should_rate_limit(&request);
         let decided = match deadline {
@@ -72,7 +94,20 @@ impl RlsService {
             None => decision.await,
         };
         match decided {
-            Ok(decision) => Ok(encode(decision)),
+            Ok(decision) => {
+                let headers = headers::headers(self.header_mode, &decision);
+                let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
+                let mut response = encode(decision);
+                response.dynamic_metadata = metadata;
+                response
+                    .response_headers_to_add
+                    .extend(headers.into_iter().map(|(key, value)| pb::HeaderValue {
+                        key: key.to_owned(),
+                        value,
+                        ..Default::default()
+                    }));
+                Ok(response)
+            }
             Err(error) => self.without_store(error, request.descriptors.len()),
         }
     }
@@ -229,9 +264,14 @@ fn encode_unit(unit: Unit) -> rls::rate_limit::Unit {
 /// a client to come back before its window has ended.
 fn whole_seconds(duration: Micros) -> prost_types::Duration {
     prost_types::Duration {
-        seconds: i64::try_from(duration.div_ceil(MICROS_PER_SECOND)).unwrap_or(i64::MAX),
+        seconds: i64::try_from(whole_seconds_up(duration)).unwrap_or(i64::MAX),
         nanos: 0,
     }
+}
+
+/// A duration in whole seconds, rounded up (never tell a client to come back early).
+pub fn whole_seconds_up(duration: Micros) -> u64 {
+    duration.div_ceil(MICROS_PER_SECOND)
 }
 
 #[cfg(test)]

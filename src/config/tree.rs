@@ -104,7 +104,7 @@ impl Builder<'_> {
                     "expected a map",
                 ));
             }
-            Some(metadata) => Some(metadata.value.clone()),
+            Some(metadata) => Some(std::sync::Arc::new(metadata.value.clone())),
             None => None,
         };
         Ok(Some(Rule {

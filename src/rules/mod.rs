@@ -229,7 +229,8 @@ pub struct Rule {
     pub shadow_mode: bool,
     pub quota_mode: bool,
     pub detailed_metric: bool,
-    pub metadata: Option<serde_json::Value>,
+    /// The rule's `metadata` (a map), for dynamic metadata; shared, so answers clone a pointer.
+    pub metadata: Option<std::sync::Arc<serde_json::Value>>,
     /// The config path in the reference's stats notation, e.g. `api.user_alice.path`.
     pub path: String,
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -11,6 +12,7 @@ use crate::algorithm::Charge;
 use crate::descriptor::InputLimits;
 use crate::headers::HeaderMode;
 use crate::limiter::Modes;
+use crate::metrics::Metrics;
 use crate::server::Options;
 use crate::service::OnStoreError;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
@@ -119,6 +121,15 @@ pub struct ServeArgs {
     /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
     #[arg(long, env = "TOLLGATE_DYNAMIC_METADATA")]
     pub dynamic_metadata: bool,
+
+    /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    pub near_limit_ratio: f64,
+
+    /// Most label sets with client values (`detailed_metric`, `value_to_metric`) in the
+    /// per-limit metrics; beyond it, hits count under the rule's plain path.
+    #[arg(long, env = "TOLLGATE_METRICS_MAX_DETAILED", default_value_t = 1_000)]
+    pub metrics_max_detailed: usize,
 
     /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
@@ -311,6 +322,10 @@ impl ServeArgs {
             on_store_error: self.on_store_error,
             response_headers: self.response_headers,
             dynamic_metadata: self.dynamic_metadata,
+            metrics: Arc::new(Metrics::new(
+                self.near_limit_ratio,
+                self.metrics_max_detailed,
+            )),
             ..Options::default()
         }
     }

@@ -42,6 +42,7 @@ pub mod headers;
 pub mod health;
 pub mod limit;
 pub mod limiter;
+pub mod metrics;
 pub mod pb;
 pub mod query;
 pub mod rules;

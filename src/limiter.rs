@@ -8,6 +8,7 @@
 //! modes as the reference computes them).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
@@ -15,6 +16,7 @@ use crate::algorithm::Outcome;
 use crate::clock::Micros;
 use crate::descriptor::{Descriptor, Request};
 use crate::limit::Limit;
+use crate::metrics::{self, LimitHit, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
@@ -63,6 +65,7 @@ pub struct RateLimiter {
     rules: Arc<ArcSwap<RuleSet>>,
     store: Arc<dyn CounterStore>,
     modes: Modes,
+    metrics: Arc<Metrics>,
 }
 
 /// What one descriptor resolved to before counting.
@@ -102,7 +105,12 @@ impl RateLimiter {
             rules,
             store,
             modes,
+            metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        Self { metrics, ..self }
     }
 
     /// The rules currently in force.
@@ -127,7 +135,17 @@ impl RateLimiter {
         let outcomes = if hits.is_empty() {
             Vec::new()
         } else {
-            let outcomes = self.store.apply(&hits).await?;
+            let started = Instant::now();
+            let applied = self.store.apply(&hits).await;
+            self.metrics
+                .store_seconds
+                .observe(started.elapsed().as_secs_f64());
+            let outcomes = applied.inspect_err(|error| {
+                self.metrics
+                    .store_errors
+                    .get_or_create(&metrics::label("kind", error.kind()))
+                    .inc();
+            })?;
             if outcomes.len() != hits.len() {
                 return Err(StoreError::Unavailable(format!(
                     "store answered {} outcomes for {} counters",
@@ -140,6 +158,7 @@ impl RateLimiter {
         // The store vetoes by the same rule, so the answer matches what was consumed.
         let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
         let overall = if over { Code::OverLimit } else { Code::Ok };
+        self.record(request, &matches, &resolved, &outcomes);
         let metadata = matches
             .iter()
             .map(|found| match found {
@@ -204,6 +223,69 @@ impl RateLimiter {
             first_hit,
         }
     }
+}
+
+impl RateLimiter {
+    /// Counts every limited descriptor in the per-limit metrics.
+    fn record(
+        &self,
+        request: &Request,
+        matches: &[Found<'_>],
+        resolved: &[Resolved<'_>],
+        outcomes: &[Outcome],
+    ) {
+        let items = request.descriptors.iter().zip(matches).zip(resolved);
+        for ((descriptor, found), resolved) in items {
+            let Resolved::Limited {
+                limits,
+                rule,
+                first_hit,
+                ..
+            } = resolved
+            else {
+                continue;
+            };
+            let (index, outcome) = reported(&outcomes[*first_hit..*first_hit + limits.len()]);
+            let (path, detailed_path) = match found {
+                Found::Rule(found) => (
+                    found.rule.path.as_str(),
+                    detailed_path(&request.domain, found, descriptor),
+                ),
+                _ => ("override", None),
+            };
+            self.metrics.count(&LimitHit {
+                domain: &request.domain,
+                path,
+                detailed_path,
+                hits: descriptor.hits,
+                limit: u64::from(limits[index].requests_per_unit),
+                remaining: outcome.remaining,
+                allowed: outcome.allowed,
+                shadow: self.modes.global_shadow || rule.is_some_and(|rule| rule.shadow_mode),
+            });
+        }
+    }
+}
+
+/// The stats path with client values, where the rule has `detailed_metric` (every level) or
+/// a level has `value_to_metric`; `None` when it names no client value.
+fn detailed_path(domain: &str, found: &Match<'_>, descriptor: &Descriptor) -> Option<String> {
+    let detailed = found.rule.detailed_metric;
+    if !detailed && !found.nodes.iter().any(|node| node.value_to_metric) {
+        return None;
+    }
+    let mut path = domain.to_owned();
+    for (node, entry) in found.nodes.iter().zip(&descriptor.entries) {
+        path.push('.');
+        if (detailed || node.value_to_metric) && !node.share_threshold {
+            path.push_str(&entry.key);
+            path.push('_');
+            path.push_str(&entry.value);
+        } else {
+            path.push_str(&node.stats_segment());
+        }
+    }
+    Some(path)
 }
 
 /// How one descriptor met the rules.

@@ -21,10 +21,11 @@ async fn main() -> anyhow::Result<ExitCode> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let rules = config::load_dir(&args.config)?;
-    let store = storage::build_store(&args.store_spec()?, args.store_options());
+    let options = args.options();
+    let store = storage::build_store(&args.store_spec()?, args.store_options(), &options.metrics);
     let listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
     tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening");
-    server::run(rules, store, args.options(), listeners, shutdown::signal()).await?;
+    server::run(rules, store, options, listeners, shutdown::signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -17,6 +17,7 @@ use crate::descriptor::InputLimits;
 use crate::headers::HeaderMode;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
+use crate::metrics::Metrics;
 use crate::pb::RateLimitServiceServer;
 use crate::rules::RuleSet;
 use crate::service::{OnStoreError, RlsService};
@@ -41,6 +42,9 @@ pub struct Options {
     pub response_headers: HeaderMode,
     /// Whether responses carry dynamic metadata.
     pub dynamic_metadata: bool,
+    /// Where everything is counted (`GET /metrics`); stores built for this server should
+    /// report into the same one.
+    pub metrics: Arc<Metrics>,
 }
 
 impl Default for Options {
@@ -55,6 +59,7 @@ impl Default for Options {
             on_store_error: OnStoreError::default(),
             response_headers: HeaderMode::default(),
             dynamic_metadata: false,
+            metrics: Arc::new(Metrics::default()),
         }
     }
 }
@@ -108,11 +113,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let rules = Arc::new(ArcSwap::from_pointee(rules));
-    let limiter = Arc::new(RateLimiter::new(rules, Arc::clone(&store), options.modes));
+    let limiter = Arc::new(
+        RateLimiter::new(rules, Arc::clone(&store), options.modes)
+            .with_metrics(Arc::clone(&options.metrics)),
+    );
     let service = RlsService::new(Arc::clone(&limiter), options.input_limits)
         .with_on_store_error(options.on_store_error)
         .with_response_headers(options.response_headers)
-        .with_dynamic_metadata(options.dynamic_metadata);
+        .with_dynamic_metadata(options.dynamic_metadata)
+        .with_metrics(Arc::clone(&options.metrics));
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let probe = tokio::spawn(health::probe_store(
@@ -125,7 +134,12 @@ pub async fn run(
     let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
     let grpc = grpc_router(service.clone(), health_service, options.max_request_bytes)
         .serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
-    let admin = crate::admin::router(service, limiter, health.clone());
+    let admin = crate::admin::router(
+        service,
+        limiter,
+        health.clone(),
+        Arc::clone(&options.metrics),
+    );
     let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
     let mut grpc = tokio::spawn(grpc);
     let mut http = tokio::spawn(async move { http.await });

@@ -2,7 +2,7 @@
 //! `tonic::Status`. Nothing else happens here.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
 
@@ -12,6 +12,7 @@ use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limit::Unit;
 use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
+use crate::metrics::{self, Metrics};
 use crate::pb::{self, rate_limit_response as rls};
 use crate::storage::StoreError;
 
@@ -38,6 +39,7 @@ pub struct RlsService {
     on_store_error: OnStoreError,
     header_mode: HeaderMode,
     dynamic_metadata: bool,
+    metrics: Arc<Metrics>,
 }
 
 impl RlsService {
@@ -48,7 +50,12 @@ impl RlsService {
             on_store_error: OnStoreError::default(),
             header_mode: HeaderMode::default(),
             dynamic_metadata: false,
+            metrics: Arc::new(Metrics::default()),
         }
+    }
+
+    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
+        Self { metrics, ..self }
     }
 
     pub fn with_dynamic_metadata(self, dynamic_metadata: bool) -> Self {
@@ -95,6 +102,14 @@ impl RlsService {
         };
         match decided {
             Ok(decision) => {
+                let overall = match decision.overall {
+                    Code::Ok => "OK",
+                    Code::OverLimit => "OVER_LIMIT",
+                };
+                self.metrics
+                    .decisions
+                    .get_or_create(&metrics::label("overall", overall))
+                    .inc();
                 let headers = headers::headers(self.header_mode, &decision);
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
                 let mut response = encode(decision);
@@ -170,7 +185,18 @@ impl pb::RateLimitService for RlsService {
         let span = tracing::Span::current();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
-        let response = self.decide(request, deadline).await.map_err(Status::from)?;
+        let started = Instant::now();
+        let answer = self.decide(request, deadline).await.map_err(Status::from);
+        self.metrics.observe_decision(started.elapsed());
+        let code = match &answer {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.metrics
+            .requests
+            .get_or_create(&metrics::label("code", format!("{code:?}")))
+            .inc();
+        let response = answer?;
         span.record("code", response.overall_code);
         Ok(Response::new(response))
     }

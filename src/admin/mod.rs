@@ -13,6 +13,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+
+use crate::metrics::Metrics;
 use axum::routing::{get, post};
 
 use crate::algorithm::{Algorithm, Anchor};
@@ -28,11 +30,18 @@ struct Admin {
     service: RlsService,
     limiter: Arc<RateLimiter>,
     health: Health,
+    metrics: Arc<Metrics>,
 }
 
 /// The admin routes.
-pub fn router(service: RlsService, limiter: Arc<RateLimiter>, health: Health) -> Router {
+pub fn router(
+    service: RlsService,
+    limiter: Arc<RateLimiter>,
+    health: Health,
+    metrics: Arc<Metrics>,
+) -> Router {
     Router::new()
+        .route("/metrics", get(metrics_text))
         .route("/healthcheck", get(readiness))
         .route("/readyz", get(readiness))
         .route("/healthz", get(|| async { "OK" }))
@@ -42,7 +51,19 @@ pub fn router(service: RlsService, limiter: Arc<RateLimiter>, health: Health) ->
             service,
             limiter,
             health,
+            metrics,
         })
+}
+
+async fn metrics_text(State(admin): State<Admin>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        admin.metrics.render(),
+    )
+        .into_response()
 }
 
 async fn readiness(State(admin): State<Admin>) -> (StatusCode, &'static str) {

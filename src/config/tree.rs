@@ -37,7 +37,7 @@ impl Builder<'_> {
             let raw = &raw.value;
             let here = format!("{path} > descriptors[{index}] (key {:?})", raw.key.value);
             let node = self.node(raw, &here, stats)?;
-            let composite = stats_segment(&node);
+            let composite = node.stats_segment();
             if level.insert(node).is_err() {
                 return Err(self.error(
                     line,
@@ -81,7 +81,7 @@ impl Builder<'_> {
             value_to_metric: raw.value_to_metric,
             children: Level::default(),
         };
-        let stats = format!("{parent_stats}.{}", stats_segment(&node));
+        let stats = format!("{parent_stats}.{}", node.stats_segment());
         node.rule = self.rule(raw, here, &stats)?;
         node.children = self.level(&raw.descriptors, here, &stats)?;
         Ok(node)
@@ -116,14 +116,5 @@ impl Builder<'_> {
             metadata,
             path: stats.to_owned(),
         }))
-    }
-}
-
-/// A node's segment of the stats path: `key` for key-only nodes, else `key_value` (patterns
-/// kept as written), as the reference names its stats.
-fn stats_segment(node: &Node) -> String {
-    match &node.selector {
-        Selector::Any => node.key.clone(),
-        selector => format!("{}_{}", node.key, selector.text()),
     }
 }

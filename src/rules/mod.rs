@@ -143,6 +143,17 @@ pub struct Node {
     pub children: Level,
 }
 
+impl Node {
+    /// This level's segment of the stats path: `key` for key-only nodes, else `key_value`
+    /// (patterns kept as written), as the reference names its stats.
+    pub fn stats_segment(&self) -> String {
+        match &self.selector {
+            Selector::Any => self.key.clone(),
+            selector => format!("{}_{}", self.key, selector.text()),
+        }
+    }
+}
+
 /// Which values of the key a node matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selector {

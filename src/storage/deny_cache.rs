@@ -15,11 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lru::LruCache;
+use prometheus_client::metrics::counter::Counter;
 
 use super::keys::CounterKey;
 use super::{CounterStore, Hit, StoreError};
 use crate::algorithm::{Outcome, Params};
 use crate::clock::{Clock, Micros};
+use crate::metrics::Metrics;
 
 struct Denied {
     /// The limit it was denied under (a per-request override may count the same counter
@@ -113,6 +115,8 @@ pub struct DenyCached {
     inner: Arc<dyn CounterStore>,
     cache: DenyCache,
     clock: Arc<dyn Clock>,
+    /// `tollgate_deny_cache_hits`.
+    hits_metric: Counter,
 }
 
 impl DenyCached {
@@ -121,6 +125,14 @@ impl DenyCached {
             inner,
             cache: DenyCache::new(capacity),
             clock,
+            hits_metric: Counter::default(),
+        }
+    }
+
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        Self {
+            hits_metric: metrics.deny_cache_hits.clone(),
+            ..self
         }
     }
 
@@ -135,6 +147,7 @@ impl CounterStore for DenyCached {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         let now = self.clock.now();
         if let Some(outcomes) = self.cache.answer(hits, now) {
+            self.hits_metric.inc();
             return Ok(outcomes);
         }
         let outcomes = self.inner.apply(hits).await?;

@@ -67,10 +67,7 @@ impl Guarded {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer within the store timeout of {:?}",
-                self.timeout
-            ))),
+            Err(_) => Err(StoreError::Timeout(self.timeout)),
         }
     }
 }
@@ -79,7 +76,7 @@ impl Guarded {
 impl CounterStore for Guarded {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         if !self.admit() {
-            return Err(StoreError::Unavailable("circuit breaker open".into()));
+            return Err(StoreError::CircuitOpen);
         }
         let result = self.within_deadline(self.inner.apply(hits)).await;
         self.record(result.is_ok());

@@ -18,10 +18,14 @@ use std::time::Duration;
 
 use lru::LruCache;
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
 use super::keys::CounterKey;
 use super::{CounterStore, Hit, StoreError, vetoed};
 use crate::algorithm::{self, Charge, Decision, Outcome, State};
 use crate::clock::{Clock, Micros};
+use crate::metrics::Metrics;
 
 /// Enough shards that two cores rarely contend, few enough that a sweep stays cheap.
 const SHARDS: usize = 64;
@@ -41,6 +45,9 @@ pub struct MemoryStore {
     charge: Charge,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
+    /// `tollgate_memory_keys` and `tollgate_memory_evictions`.
+    keys_metric: Gauge,
+    evictions_metric: Counter,
 }
 
 impl MemoryStore {
@@ -54,6 +61,17 @@ impl MemoryStore {
             charge,
             clock,
             evictions: AtomicU64::new(0),
+            keys_metric: Gauge::default(),
+            evictions_metric: Counter::default(),
+        }
+    }
+
+    /// Reports key count and evictions in `metrics`.
+    pub fn with_metrics(self, metrics: &Metrics) -> Self {
+        Self {
+            keys_metric: metrics.memory_keys.clone(),
+            evictions_metric: metrics.memory_evictions.clone(),
+            ..self
         }
     }
 
@@ -100,6 +118,7 @@ impl MemoryStore {
                 .collect();
             for key in expired {
                 shard.pop(&key);
+                self.keys_metric.dec();
             }
         }
     }
@@ -147,7 +166,9 @@ impl MemoryStore {
                     expires_at: decision.expires_at,
                 };
                 let shard = &mut guards[guard_of(shard)];
-                shard.put(hit.key.clone(), slot);
+                if shard.put(hit.key.clone(), slot).is_none() {
+                    self.keys_metric.inc();
+                }
                 self.evict_beyond_bound(shard);
             }
         }
@@ -158,6 +179,8 @@ impl MemoryStore {
         while shard.len() > self.per_shard {
             shard.pop_lru();
             self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.evictions_metric.inc();
+            self.keys_metric.dec();
         }
     }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Charge, Outcome, Params};
 use crate::clock::SystemClock;
+use crate::metrics::Metrics;
 use keys::CounterKey;
 
 /// How a hit's denial affects the request.
@@ -46,9 +47,26 @@ pub struct Hit {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The store did not answer in time or is not reachable; worth retrying.
+    /// The store is not reachable or answered an error; worth retrying.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// No answer within the store timeout.
+    #[error("no answer from the store within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The circuit breaker is open: the store failed repeatedly and is not asked for now.
+    #[error("store unavailable: circuit breaker open")]
+    CircuitOpen,
+}
+
+impl StoreError {
+    /// A short name for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Timeout(_) => "timeout",
+            StoreError::CircuitOpen => "circuit_open",
+        }
+    }
 }
 
 /// A counter store.
@@ -80,10 +98,16 @@ pub struct StoreOptions {
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
 /// expired counters in a background task; Redis is connected to in the background).
-pub fn build_store(spec: &StoreSpec, options: StoreOptions) -> Arc<dyn CounterStore> {
+pub fn build_store(
+    spec: &StoreSpec,
+    options: StoreOptions,
+    metrics: &Metrics,
+) -> Arc<dyn CounterStore> {
     match spec {
         StoreSpec::Memory { max_keys } => {
-            memory::MemoryStore::new(*max_keys, options.charge, Arc::new(SystemClock)).start()
+            memory::MemoryStore::new(*max_keys, options.charge, Arc::new(SystemClock))
+                .with_metrics(metrics)
+                .start()
         }
         StoreSpec::Redis(spec) => {
             let store = redis::RedisStore::start(
@@ -94,7 +118,7 @@ pub fn build_store(spec: &StoreSpec, options: StoreOptions) -> Arc<dyn CounterSt
                     clock: None,
                 },
             );
-            remote_stack(store, options, Arc::new(SystemClock))
+            remote_stack(store, options, Arc::new(SystemClock), metrics)
         }
     }
 }
@@ -106,14 +130,14 @@ pub fn remote_stack(
     store: Arc<dyn CounterStore>,
     options: StoreOptions,
     clock: Arc<dyn crate::clock::Clock>,
+    metrics: &Metrics,
 ) -> Arc<dyn CounterStore> {
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(store, options.timeout));
     if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
-        Arc::new(deny_cache::DenyCached::new(
-            guarded,
-            options.deny_cache_size,
-            clock,
-        ))
+        Arc::new(
+            deny_cache::DenyCached::new(guarded, options.deny_cache_size, clock)
+                .with_metrics(metrics),
+        )
     } else {
         guarded
     }

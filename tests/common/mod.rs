@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tollgate::algorithm::Charge;
 use tollgate::clock::ManualClock;
+use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 use tollgate::server::{self, Listeners, Options, ServerError};
 use tollgate::storage::memory::MemoryStore;
@@ -121,6 +122,7 @@ pub fn redis_store(
     charge: Charge,
     clock: &ManualClock,
     timeout: Duration,
+    metrics: &Metrics,
 ) -> Arc<dyn CounterStore> {
     let spec = RedisSpec::parse(url, None).unwrap().unwrap();
     let store = RedisStore::start(
@@ -136,24 +138,39 @@ pub fn redis_store(
         timeout,
         deny_cache_size: 1_000,
     };
-    remote_stack(store, options, Arc::new(clock.clone()))
+    remote_stack(store, options, Arc::new(clock.clone()), metrics)
 }
 
 fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Backing) {
+    let metrics = &setup.options.metrics;
     match setup.store {
         StoreKind::Memory => (
-            MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone())).start(),
+            MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone()))
+                .with_metrics(metrics)
+                .start(),
             Backing::None,
         ),
         StoreKind::Redis => {
             let server = RedisServer::start();
-            let store = redis_store(&server.url(), setup.charge, clock, setup.store_timeout);
+            let store = redis_store(
+                &server.url(),
+                setup.charge,
+                clock,
+                setup.store_timeout,
+                metrics,
+            );
             (store, Backing::Redis(server))
         }
         StoreKind::Cluster | StoreKind::ReplicatedCluster => {
             let replicas = usize::from(setup.store == StoreKind::ReplicatedCluster);
             let cluster = RedisCluster::start(3, replicas);
-            let store = redis_store(&cluster.url(), setup.charge, clock, setup.store_timeout);
+            let store = redis_store(
+                &cluster.url(),
+                setup.charge,
+                clock,
+                setup.store_timeout,
+                metrics,
+            );
             (store, Backing::Cluster(cluster))
         }
     }

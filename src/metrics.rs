@@ -1,0 +1,244 @@
+//! Prometheus metrics, served on `GET /metrics` (prometheus-client, OpenMetrics text). Names
+//! start with `tollgate_`; counters end in `_total`.
+//!
+//! Per limit (labels `domain` and `limit`, the rule's config path in the reference's stats
+//! notation, e.g. `api.user`): `total_hits`, `over_limit`, `near_limit`, `within_limit`,
+//! `shadow_mode`, counted in hits as the reference counts them. Client values appear in a
+//! label only for rules with `detailed_metric` or levels with `value_to_metric`, and then at
+//! most `max_detailed` distinct label sets: beyond that a hit counts under the rule's plain
+//! path, so cardinality stays bounded whatever clients send.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Per-limit counters.
+#[derive(Default)]
+struct PerLimit {
+    total_hits: Family<Labels, Counter>,
+    over_limit: Family<Labels, Counter>,
+    near_limit: Family<Labels, Counter>,
+    within_limit: Family<Labels, Counter>,
+    shadow_mode: Family<Labels, Counter>,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    per_limit: PerLimit,
+    /// Detailed (client-valued) label sets seen, bounded by `max_detailed`.
+    detailed: Mutex<HashSet<(String, String)>>,
+    max_detailed: usize,
+    near_limit_ratio: f64,
+    pub requests: Family<Labels, Counter>,
+    pub decisions: Family<Labels, Counter>,
+    pub decision_seconds: Histogram,
+    pub store_seconds: Histogram,
+    pub store_errors: Family<Labels, Counter>,
+    pub config_reloads: Family<Labels, Counter>,
+    pub deny_cache_hits: Counter,
+    pub memory_keys: Gauge,
+    pub memory_evictions: Counter,
+}
+
+/// One descriptor's count, as the limiter saw it.
+pub struct LimitHit<'a> {
+    pub domain: &'a str,
+    /// The rule's config path, and the path with client values when it has some.
+    pub path: &'a str,
+    pub detailed_path: Option<String>,
+    pub hits: u64,
+    pub limit: u64,
+    pub remaining: u64,
+    pub allowed: bool,
+    pub shadow: bool,
+}
+
+impl Metrics {
+    pub fn new(near_limit_ratio: f64, max_detailed: usize) -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let per_limit = PerLimit::default();
+        registry.register(
+            "total_hits",
+            "Hits counted per limit",
+            per_limit.total_hits.clone(),
+        );
+        registry.register(
+            "over_limit",
+            "Hits over the limit",
+            per_limit.over_limit.clone(),
+        );
+        registry.register(
+            "near_limit",
+            "Hits within the limit but past --near-limit-ratio of it",
+            per_limit.near_limit.clone(),
+        );
+        registry.register(
+            "within_limit",
+            "Hits within the limit",
+            per_limit.within_limit.clone(),
+        );
+        registry.register(
+            "shadow_mode",
+            "Hits over the limit let through by shadow mode",
+            per_limit.shadow_mode.clone(),
+        );
+        let metrics = Self {
+            per_limit,
+            detailed: Mutex::new(HashSet::new()),
+            max_detailed,
+            near_limit_ratio,
+            requests: Family::default(),
+            decisions: Family::default(),
+            // 10 µs to ~5 s.
+            decision_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            store_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            store_errors: Family::default(),
+            config_reloads: Family::default(),
+            deny_cache_hits: Counter::default(),
+            memory_keys: Gauge::default(),
+            memory_evictions: Counter::default(),
+            registry,
+        };
+        metrics.register_service()
+    }
+
+    fn register_service(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "requests",
+            "ShouldRateLimit calls by gRPC status code",
+            self.requests.clone(),
+        );
+        r.register(
+            "decisions",
+            "Decisions by overall code",
+            self.decisions.clone(),
+        );
+        r.register(
+            "decision_duration_seconds",
+            "Time to decide one request, store call included",
+            self.decision_seconds.clone(),
+        );
+        r.register(
+            "store_duration_seconds",
+            "Time of one store call",
+            self.store_seconds.clone(),
+        );
+        r.register(
+            "store_errors",
+            "Failed store calls by kind",
+            self.store_errors.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config reloads by result (success, error)",
+            self.config_reloads.clone(),
+        );
+        r.register(
+            "deny_cache_hits",
+            "Requests answered by the local deny cache",
+            self.deny_cache_hits.clone(),
+        );
+        r.register(
+            "memory_keys",
+            "Counters held by the memory store",
+            self.memory_keys.clone(),
+        );
+        r.register(
+            "memory_evictions",
+            "Counters the memory store evicted to stay within --memory-max-keys",
+            self.memory_evictions.clone(),
+        );
+        self
+    }
+
+    /// Counts one limited descriptor.
+    pub fn count(&self, hit: &LimitHit<'_>) {
+        let labels = self.labels(hit);
+        let per = &self.per_limit;
+        per.total_hits.get_or_create(&labels).inc_by(hit.hits);
+        if hit.allowed {
+            per.within_limit.get_or_create(&labels).inc_by(hit.hits);
+            let near = self.near_hits(hit);
+            if near > 0 {
+                per.near_limit.get_or_create(&labels).inc_by(near);
+            }
+        } else {
+            per.over_limit.get_or_create(&labels).inc_by(hit.hits);
+            if hit.shadow {
+                per.shadow_mode.get_or_create(&labels).inc_by(hit.hits);
+            }
+        }
+    }
+
+    /// Hits of an admitted call past the near-limit threshold, as the reference counts them.
+    fn near_hits(&self, hit: &LimitHit<'_>) -> u64 {
+        let threshold = (hit.limit as f64 * self.near_limit_ratio).floor() as u64;
+        let after = hit.limit.saturating_sub(hit.remaining);
+        let before = after.saturating_sub(hit.hits);
+        if after <= threshold {
+            0
+        } else if before >= threshold {
+            hit.hits
+        } else {
+            after - threshold
+        }
+    }
+
+    /// The label set: the detailed path while there is room for another, else the plain path.
+    fn labels(&self, hit: &LimitHit<'_>) -> Labels {
+        let path = match &hit.detailed_path {
+            Some(detailed) => {
+                let mut seen = self.detailed.lock().unwrap_or_else(PoisonError::into_inner);
+                let key = (hit.domain.to_owned(), detailed.clone());
+                if seen.contains(&key) || seen.len() < self.max_detailed {
+                    seen.insert(key);
+                    detailed.clone()
+                } else {
+                    hit.path.to_owned()
+                }
+            }
+            None => hit.path.to_owned(),
+        };
+        vec![("domain", hit.domain.to_owned()), ("limit", path)]
+    }
+
+    pub fn observe_decision(&self, took: Duration) {
+        self.decision_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new(0.8, 1_000)
+    }
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// A one-label set.
+pub fn label(name: &'static str, value: impl Into<String>) -> Labels {
+    vec![(name, value.into())]
+}

@@ -1,0 +1,121 @@
+//! `GET /metrics` after known traffic: exact per-limit counters, and bounded cardinality.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use tollgate::metrics::Metrics;
+use tollgate::server::Options;
+
+const LIMITS: &str = r#"
+domain: m
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+/// The value of the sample with exactly these labels.
+fn sample(text: &str, name: &str, limit: &str) -> u64 {
+    let prefix = format!("{name}{{domain=\"m\",limit=\"{limit}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Label sets of `total_hits` whose limit label starts with `path`.
+fn label_sets(text: &str, path: &str) -> usize {
+    let prefix = format!("tollgate_total_hits_total{{domain=\"m\",limit=\"{path}");
+    text.lines()
+        .filter(|line| line.starts_with(&prefix))
+        .count()
+}
+
+/// 10,000 distinct values of `key`, 64 descriptors per request.
+async fn distinct_values(server: &TestServer, key: &str) {
+    let values: Vec<String> = (0..10_000).map(|i| format!("v{i}")).collect();
+    for chunk in values.chunks(64) {
+        let pairs: Vec<[(&str, &str); 1]> = chunk.iter().map(|v| [(key, v.as_str())]).collect();
+        let descriptors: Vec<&[(&str, &str)]> = pairs.iter().map(|p| p.as_slice()).collect();
+        server.ok(request("m", &descriptors)).await;
+    }
+}
+
+#[tokio::test]
+async fn counters_are_exact_and_client_values_never_grow_the_label_sets_unbounded() {
+    let server = start_with(
+        &[("m.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                metrics: Arc::new(Metrics::new(0.8, 50)),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    for _ in 0..12 {
+        server.ok(request("m", &[&[("user", "a")]])).await;
+    }
+    for _ in 0..3 {
+        server.ok(request("m", &[&[("shadowed", "x")]])).await;
+    }
+    let (status, text) = server.http("GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    // 10 per minute, 12 hits: 10 within, 2 over; near (past 8): the 9th and 10th.
+    assert_eq!(sample(&text, "tollgate_total_hits_total", "m.user"), 12);
+    assert_eq!(sample(&text, "tollgate_within_limit_total", "m.user"), 10);
+    assert_eq!(sample(&text, "tollgate_over_limit_total", "m.user"), 2);
+    assert_eq!(sample(&text, "tollgate_near_limit_total", "m.user"), 2);
+    // A shadow rule: 1 within, 2 over and let through.
+    assert_eq!(sample(&text, "tollgate_total_hits_total", "m.shadowed"), 3);
+    assert_eq!(sample(&text, "tollgate_over_limit_total", "m.shadowed"), 2);
+    assert_eq!(sample(&text, "tollgate_shadow_mode_total", "m.shadowed"), 2);
+    assert!(
+        text.contains("tollgate_requests_total{code=\"Ok\"} 15"),
+        "{text}"
+    );
+    assert!(
+        text.contains("tollgate_decisions_total{overall=\"OVER_LIMIT\"} 2"),
+        "{text}"
+    );
+
+    // 10,000 client values on a key-only rule: one label set, the rule's path.
+    distinct_values(&server, "client").await;
+    let text = server.http("GET", "/metrics", "").await.1;
+    assert_eq!(label_sets(&text, "m.client"), 1);
+    assert_eq!(
+        sample(&text, "tollgate_total_hits_total", "m.client"),
+        10_000
+    );
+
+    // With detailed_metric: at most the cap (50) of client-valued sets, the rest under the
+    // plain path, and no hit lost.
+    distinct_values(&server, "tenant").await;
+    let text = server.http("GET", "/metrics", "").await.1;
+    assert_eq!(label_sets(&text, "m.tenant_"), 50);
+    assert_eq!(label_sets(&text, "m.tenant\""), 1);
+    assert_eq!(
+        sample(&text, "tollgate_total_hits_total", "m.tenant"),
+        10_000 - 50
+    );
+    assert_eq!(sample(&text, "tollgate_total_hits_total", "m.tenant_v0"), 1);
+    // The memory store's counters: a, x, 10,000 clients and 10,000 tenants.
+    assert!(text.contains("\ntollgate_memory_keys 20002\n"), "{text}");
+    assert!(
+        text.contains("\ntollgate_memory_evictions_total 0\n"),
+        "{text}"
+    );
+}

@@ -13,6 +13,7 @@ use crate::descriptor::InputLimits;
 use crate::headers::HeaderMode;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
+use crate::reload::ReloadOptions;
 use crate::server::Options;
 use crate::service::OnStoreError;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
@@ -68,6 +69,11 @@ pub struct ServeArgs {
     /// Directory of YAML rule files (one domain per file).
     #[arg(long, env = "TOLLGATE_CONFIG")]
     pub config: PathBuf,
+
+    /// Poll the config directory this often instead of watching it for file events (for
+    /// filesystems without inotify, such as some network mounts).
+    #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = humantime::parse_duration)]
+    pub config_poll: Option<Duration>,
 
     /// gRPC listen address (RLS v3 and gRPC health).
     #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
@@ -322,6 +328,10 @@ impl ServeArgs {
             on_store_error: self.on_store_error,
             response_headers: self.response_headers,
             dynamic_metadata: self.dynamic_metadata,
+            reload: Some(ReloadOptions {
+                dir: self.config.clone(),
+                poll: self.config_poll,
+            }),
             metrics: Arc::new(Metrics::new(
                 self.near_limit_ratio,
                 self.metrics_max_detailed,

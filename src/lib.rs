@@ -45,6 +45,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod pb;
 pub mod query;
+pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod service;

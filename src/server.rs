@@ -19,6 +19,7 @@ use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::metrics::Metrics;
 use crate::pb::RateLimitServiceServer;
+use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
 use crate::service::{OnStoreError, RlsService};
 use crate::storage::CounterStore;
@@ -45,6 +46,10 @@ pub struct Options {
     /// Where everything is counted (`GET /metrics`); stores built for this server should
     /// report into the same one.
     pub metrics: Arc<Metrics>,
+    /// Watch the config directory and reload it on change.
+    pub reload: Option<ReloadOptions>,
+    /// The outcome of the latest reload (shown by `GET /config`).
+    pub reload_status: Arc<ReloadStatus>,
 }
 
 impl Default for Options {
@@ -60,6 +65,8 @@ impl Default for Options {
             response_headers: HeaderMode::default(),
             dynamic_metadata: false,
             metrics: Arc::new(Metrics::default()),
+            reload: None,
+            reload_status: Arc::new(ReloadStatus::default()),
         }
     }
 }
@@ -113,6 +120,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let rules = Arc::new(ArcSwap::from_pointee(rules));
+    let reloader = options.reload.clone().map(|reload| {
+        crate::reload::spawn(
+            reload,
+            Arc::clone(&rules),
+            Arc::clone(&options.reload_status),
+            Arc::clone(&options.metrics),
+        )
+    });
     let limiter = Arc::new(
         RateLimiter::new(rules, Arc::clone(&store), options.modes)
             .with_metrics(Arc::clone(&options.metrics)),
@@ -139,6 +154,7 @@ pub async fn run(
         limiter,
         health.clone(),
         Arc::clone(&options.metrics),
+        Arc::clone(&options.reload_status),
     );
     let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
     let mut grpc = tokio::spawn(grpc);
@@ -154,6 +170,9 @@ pub async fn run(
     tokio::time::sleep(options.shutdown_delay).await;
     let _ = stop.send(true);
     probe.abort();
+    if let Some(reloader) = &reloader {
+        reloader.abort();
+    }
     let drained = tokio::time::timeout(options.drain_timeout, async {
         let grpc = (&mut grpc).await;
         let http = (&mut http).await;

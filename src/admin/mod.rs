@@ -15,6 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 use crate::metrics::Metrics;
+use crate::reload::ReloadStatus;
 use axum::routing::{get, post};
 
 use crate::algorithm::{Algorithm, Anchor};
@@ -31,6 +32,7 @@ struct Admin {
     limiter: Arc<RateLimiter>,
     health: Health,
     metrics: Arc<Metrics>,
+    reload: Arc<ReloadStatus>,
 }
 
 /// The admin routes.
@@ -39,6 +41,7 @@ pub fn router(
     limiter: Arc<RateLimiter>,
     health: Health,
     metrics: Arc<Metrics>,
+    reload: Arc<ReloadStatus>,
 ) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
@@ -52,6 +55,7 @@ pub fn router(
             limiter,
             health,
             metrics,
+            reload,
         })
 }
 
@@ -102,8 +106,17 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
     }
 }
 
+/// The rules in force, then, if the latest reload failed, its errors (the rules shown are
+/// the last good ones).
 async fn config(State(admin): State<Admin>) -> String {
-    describe(&admin.limiter.rules())
+    let mut out = describe(&admin.limiter.rules());
+    if let Some(error) = admin.reload.last_error() {
+        let _ = write!(
+            out,
+            "\nlast reload failed; the config above stays in force:\n{error}\n"
+        );
+    }
+    out
 }
 
 /// One line per rule with a limit, in the reference's `/rlconfig` form:

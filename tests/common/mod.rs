@@ -90,6 +90,8 @@ pub struct Setup {
     pub store: StoreKind,
     /// Bound on one Redis call; generous by default for a loaded machine.
     pub store_timeout: Duration,
+    /// Watch the test's config directory (`Some(poll)`: poll instead of events).
+    pub reload: Option<Option<Duration>>,
 }
 
 impl Default for Setup {
@@ -100,6 +102,7 @@ impl Default for Setup {
             max_keys: 100_000,
             store: StoreKind::Memory,
             store_timeout: Duration::from_secs(2),
+            reload: None,
         }
     }
 }
@@ -181,8 +184,14 @@ pub async fn start(files: &[(&str, &str)]) -> TestServer {
     start_with(files, Setup::default()).await
 }
 
-pub async fn start_with(files: &[(&str, &str)], setup: Setup) -> TestServer {
+pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer {
     let dir = config_dir(files);
+    if let Some(poll) = setup.reload {
+        setup.options.reload = Some(tollgate::reload::ReloadOptions {
+            dir: dir.path().to_owned(),
+            poll,
+        });
+    }
     let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
     let (store, backing) = build_store(&setup, &clock);
@@ -221,6 +230,11 @@ fn loopback() -> SocketAddr {
 }
 
 impl TestServer {
+    /// The config directory the server was started with.
+    pub fn config_dir(&self) -> &Path {
+        self._dir.path()
+    }
+
     pub async fn client(&self) -> pb::RateLimitServiceClient<Channel> {
         pb::RateLimitServiceClient::connect(format!("http://{}", self.grpc))
             .await

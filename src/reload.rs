@@ -1,0 +1,201 @@
+//! Hot reload of the config directory: watch it (inotify through `notify`, or polling with
+//! `--config-poll` on filesystems without events), wait for a burst of changes to settle,
+//! load and validate every file, and swap the rules atomically. A config that fails to load
+//! leaves the last good one in force; the failure is logged with file and line, counted in
+//! `tollgate_config_reloads_total{result="error"}` and shown by `GET /config` until a later
+//! load succeeds.
+//!
+//! Both editing a file in place and a Kubernetes ConfigMap update (a new `..<timestamp>`
+//! directory, then the `..data` symlink renamed over) are seen: the watch is recursive and
+//! a reload happens only when the content of the files the loader reads has changed.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+
+use crate::config;
+use crate::metrics::{self, Metrics};
+use crate::rules::RuleSet;
+
+/// How long a burst of file events must be quiet before the config is read.
+const SETTLE: Duration = Duration::from_millis(250);
+
+/// The outcome of the latest reload, for `GET /config`.
+#[derive(Debug, Default)]
+pub struct ReloadStatus {
+    last_error: Mutex<Option<String>>,
+}
+
+impl ReloadStatus {
+    /// The error of the latest reload, if it failed (the previous config is still in force).
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, error: Option<String>) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = error;
+    }
+}
+
+/// Where to reload from and how to notice changes.
+#[derive(Debug, Clone)]
+pub struct ReloadOptions {
+    pub dir: PathBuf,
+    /// Poll this often instead of watching for events.
+    pub poll: Option<Duration>,
+}
+
+/// Watches `options.dir` until the returned task is aborted (the watcher stops with it).
+pub fn spawn(
+    options: ReloadOptions,
+    rules: Arc<ArcSwap<RuleSet>>,
+    status: Arc<ReloadStatus>,
+    metrics: Arc<Metrics>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let reloader = Reloader {
+            last_seen: fingerprint(&options.dir),
+            dir: options.dir,
+            rules,
+            status,
+            metrics,
+        };
+        match options.poll {
+            Some(every) => reloader.poll(every).await,
+            None => reloader.watch().await,
+        }
+    })
+}
+
+struct Reloader {
+    dir: PathBuf,
+    rules: Arc<ArcSwap<RuleSet>>,
+    status: Arc<ReloadStatus>,
+    metrics: Arc<Metrics>,
+    /// The content the rules in force (or the latest failure) were read from.
+    last_seen: u64,
+}
+
+impl Reloader {
+    async fn poll(mut self, every: Duration) {
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            ticks.tick().await;
+            self.reload_if_changed().await;
+        }
+    }
+
+    async fn watch(mut self) {
+        let (events, mut changed) = mpsc::unbounded_channel::<()>();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.is_ok() {
+                let _ = events.send(());
+            }
+        })
+        .and_then(|mut watcher| {
+            watcher.watch(&self.dir, RecursiveMode::Recursive)?;
+            Ok(watcher)
+        });
+        let _watcher = match watcher {
+            Ok(watcher) => watcher,
+            Err(error) => {
+                tracing::error!(dir = %self.dir.display(), %error, "cannot watch the config directory; use --config-poll");
+                return;
+            }
+        };
+        while changed.recv().await.is_some() {
+            // Let the burst settle (an editor's save or a ConfigMap swap is several events).
+            loop {
+                tokio::time::sleep(SETTLE).await;
+                let mut more = false;
+                while changed.try_recv().is_ok() {
+                    more = true;
+                }
+                if !more {
+                    break;
+                }
+            }
+            self.reload_if_changed().await;
+        }
+    }
+
+    async fn reload_if_changed(&mut self) {
+        let dir = self.dir.clone();
+        let Ok((seen, loaded)) = tokio::task::spawn_blocking(move || {
+            let seen = fingerprint(&dir);
+            (seen, config::load_dir(&dir))
+        })
+        .await
+        else {
+            return;
+        };
+        if seen == self.last_seen {
+            return;
+        }
+        self.last_seen = seen;
+        match loaded {
+            Ok(rules) => {
+                tracing::info!(dir = %self.dir.display(), domains = rules.domains().len(), "config reloaded");
+                self.rules.store(Arc::new(rules));
+                self.status.set(None);
+                self.count("success");
+            }
+            Err(errors) => {
+                let text = errors.to_string();
+                tracing::error!(dir = %self.dir.display(), errors = %text, "config reload failed; the previous config stays in force");
+                self.status.set(Some(text));
+                self.count("error");
+            }
+        }
+    }
+
+    fn count(&self, result: &'static str) {
+        self.metrics
+            .config_reloads
+            .get_or_create(&metrics::label("result", result))
+            .inc();
+    }
+}
+
+/// A hash of the names and contents of the files the loader would read (following
+/// symlinks, skipping dot-entries as it does), so that unrelated events reload nothing.
+fn fingerprint(dir: &Path) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hash_dir(dir, &mut hasher);
+    hasher.finish()
+}
+
+fn hash_dir(dir: &Path, hasher: &mut DefaultHasher) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|name| !name.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    for path in paths {
+        if path.is_dir() {
+            hash_dir(&path, hasher);
+        } else if let Ok(content) = std::fs::read(&path) {
+            path.hash(hasher);
+            content.hash(hasher);
+        }
+    }
+}

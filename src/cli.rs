@@ -18,6 +18,7 @@ use crate::server::Options;
 use crate::service::OnStoreError;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
 use crate::storage::{StoreOptions, StoreSpec};
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,7 +43,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve RLS v3 over gRPC and the admin endpoints over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Validate a config directory; print `file:line: path: reason` per problem, exit 1 if any.
     Check(CheckArgs),
     /// Send one ShouldRateLimit call and print each status and the overall code.
@@ -78,6 +79,19 @@ pub struct ServeArgs {
     /// gRPC listen address (RLS v3 and gRPC health).
     #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
+
+    /// PEM certificate chain for TLS on the gRPC listener (with --tls-key).
+    #[arg(long, env = "TOLLGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: require clients to present a certificate signed by one (mutual
+    /// TLS). Needs --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 
     /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
     #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -328,6 +342,15 @@ impl ServeArgs {
             on_store_error: self.on_store_error,
             response_headers: self.response_headers,
             dynamic_metadata: self.dynamic_metadata,
+            tls: self
+                .tls_cert
+                .clone()
+                .zip(self.tls_key.clone())
+                .map(|(cert, key)| TlsFiles {
+                    cert,
+                    key,
+                    client_ca: self.tls_client_ca.clone(),
+                }),
             reload: Some(ReloadOptions {
                 dir: self.config.clone(),
                 poll: self.config_poll,

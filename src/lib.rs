@@ -52,3 +52,4 @@ pub mod service;
 pub mod shutdown;
 pub mod storage;
 pub mod telemetry;
+pub mod tls;

@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     telemetry::init(&cli.log_level)?;
     match cli.command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(args) => serve(*args).await,
         Command::Check(args) => Ok(check(&args.dir)),
         Command::Query(args) => query(args).await,
         Command::Bench(args) => run_bench(args).await,

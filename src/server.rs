@@ -23,6 +23,7 @@ use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
 use crate::service::{OnStoreError, RlsService};
 use crate::storage::CounterStore;
+use crate::tls::{TlsFiles, TlsIncoming};
 
 /// Server settings that are not about counting.
 #[derive(Debug, Clone)]
@@ -50,6 +51,8 @@ pub struct Options {
     pub reload: Option<ReloadOptions>,
     /// The outcome of the latest reload (shown by `GET /config`).
     pub reload_status: Arc<ReloadStatus>,
+    /// TLS (and mutual TLS) on the gRPC listener.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for Options {
@@ -67,6 +70,7 @@ impl Default for Options {
             metrics: Arc::new(Metrics::default()),
             reload: None,
             reload_status: Arc::new(ReloadStatus::default()),
+            tls: None,
         }
     }
 }
@@ -94,6 +98,8 @@ pub enum ServerError {
     Http(#[from] std::io::Error),
     #[error("server task: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// The gRPC routes: RLS v3 and gRPC health.
@@ -119,6 +125,11 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
+    // Certificates first: a server that cannot serve TLS as asked must not start.
+    let tls = match &options.tls {
+        Some(files) => Some((files.clone(), files.server_config()?)),
+        None => None,
+    };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let reloader = options.reload.clone().map(|reload| {
         crate::reload::spawn(
@@ -146,9 +157,17 @@ pub async fn run(
     ));
 
     let (stop, stopped) = watch::channel(false);
-    let incoming = TcpIncoming::from(listeners.grpc).with_nodelay(Some(true));
-    let grpc = grpc_router(service.clone(), health_service, options.max_request_bytes)
-        .serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
+    let router = grpc_router(service.clone(), health_service, options.max_request_bytes);
+    let mut grpc = match tls {
+        Some((files, config)) => tokio::spawn(router.serve_with_incoming_shutdown(
+            TlsIncoming::new(listeners.grpc, files, config),
+            wait_for(stopped.clone()),
+        )),
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
+            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            wait_for(stopped.clone()),
+        )),
+    };
     let admin = crate::admin::router(
         service,
         limiter,
@@ -157,7 +176,6 @@ pub async fn run(
         Arc::clone(&options.reload_status),
     );
     let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
-    let mut grpc = tokio::spawn(grpc);
     let mut http = tokio::spawn(async move { http.await });
 
     tracing::info!("serving");

@@ -138,3 +138,23 @@ async fn health_exits_0_when_serving_and_1_when_nothing_answers() {
     ]);
     assert_eq!(closed.status.code(), Some(1), "{closed:?}");
 }
+
+#[test]
+fn serve_refuses_to_start_with_unreadable_tls_files() {
+    let output = run(&[
+        "serve",
+        "--config",
+        "examples/config",
+        "--grpc-addr",
+        &format!("127.0.0.1:{}", free_port()),
+        "--http-addr",
+        &format!("127.0.0.1:{}", free_port()),
+        "--tls-cert",
+        "/nonexistent/server.crt",
+        "--tls-key",
+        "/nonexistent/server.key",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("TLS: /nonexistent/server.crt"), "{stderr}");
+}

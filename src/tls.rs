@@ -1,0 +1,184 @@
+//! TLS and mutual TLS on the gRPC listener (rustls, ring). `--tls-cert`/`--tls-key` serve
+//! TLS; `--tls-client-ca` also requires every client to present a certificate signed by that
+//! CA. The files are checked for changes (modification time and size) at most once a second
+//! as connections arrive, and a changed set is loaded for the next handshakes, so rotated
+//! certificates (cert-manager, a renewed Secret) are picked up without a restart; a set that
+//! fails to load is logged and the previous one stays in use.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
+
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// How long a client may take to finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often, at most, the files are checked for changes.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// The certificate files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Require client certificates signed by this CA (mutual TLS).
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("TLS: {path}: {reason}")]
+pub struct TlsError {
+    path: String,
+    reason: String,
+}
+
+fn error(path: &Path, reason: impl ToString) -> TlsError {
+    TlsError {
+        path: path.display().to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+impl TlsFiles {
+    /// Loads the files into a server config (HTTP/2 only, as gRPC needs).
+    pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
+            .map_err(|e| error(&self.cert, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| error(&self.cert, e))?;
+        if certs.is_empty() {
+            return Err(error(&self.cert, "no certificate in the file"));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| error(&self.key, e))?;
+        let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| error(&self.cert, e))?;
+        let builder = match &self.client_ca {
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for cert in CertificateDer::pem_file_iter(ca).map_err(|e| error(ca, e))? {
+                    roots
+                        .add(cert.map_err(|e| error(ca, e))?)
+                        .map_err(|e| error(ca, e))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                        .build()
+                        .map_err(|e| error(ca, e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| error(&self.cert, e))?;
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Modification times and sizes of the files, to notice a rotation.
+    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|path| {
+                std::fs::metadata(path)
+                    .ok()
+                    .and_then(|m| Some((m.modified().ok()?, m.len())))
+            })
+            .collect()
+    }
+}
+
+/// Accepted, handshaken TLS connections, for tonic's `serve_with_incoming_shutdown`. The
+/// accept loop stops when this is dropped.
+pub struct TlsIncoming {
+    connections: mpsc::Receiver<TlsStream<TcpStream>>,
+    accept: JoinHandle<()>,
+}
+
+impl TlsIncoming {
+    /// Starts accepting on `listener` with `files` (already loaded once into `config`).
+    pub fn new(listener: TcpListener, files: TlsFiles, config: Arc<ServerConfig>) -> Self {
+        let (ready, connections) = mpsc::channel(128);
+        let accept = tokio::spawn(accept_loop(listener, files, config, ready));
+        Self {
+            connections,
+            accept,
+        }
+    }
+}
+
+impl futures_util::Stream for TlsIncoming {
+    type Item = Result<TlsStream<TcpStream>, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.connections.poll_recv(cx).map(|next| next.map(Ok))
+    }
+}
+
+impl Drop for TlsIncoming {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    files: TlsFiles,
+    mut config: Arc<ServerConfig>,
+    ready: mpsc::Sender<TlsStream<TcpStream>>,
+) {
+    let mut stamp = files.stamp();
+    let mut checked = Instant::now();
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: wait rather than spin.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        if checked.elapsed() >= CHECK_EVERY {
+            checked = Instant::now();
+            let now = files.stamp();
+            if now != stamp {
+                stamp = now;
+                match files.server_config() {
+                    Ok(new) => {
+                        tracing::info!("TLS certificates reloaded");
+                        config = new;
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "TLS certificates changed but do not load; keeping the previous ones");
+                    }
+                }
+            }
+        }
+        let acceptor = TlsAcceptor::from(Arc::clone(&config));
+        let ready = ready.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => {
+                    let _ = ready.send(stream).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        });
+    }
+}

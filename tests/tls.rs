@@ -1,0 +1,141 @@
+//! TLS and mutual TLS on the gRPC listener, with certificates generated here (rcgen): a client
+//! without a certificate is refused, one with a certificate from the client CA is served, and
+//! rotated server certificates are picked up without a restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use tollgate::pb;
+use tollgate::server::Options;
+use tollgate::tls::TlsFiles;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+const LIMITS: &str =
+    "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+/// A CA: its PEM and an issuer for signing.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let pem = params.self_signed(&key).unwrap().pem();
+    Ca {
+        pem,
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf certificate for `names`, signed by `ca`: (cert PEM, key PEM).
+fn leaf(ca: &Ca, names: &[&str]) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let cert = CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca.issuer)
+        .unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn write_server_cert(dir: &Path, ca: &Ca) {
+    let (cert, key) = leaf(ca, &["localhost"]);
+    // Key first, then the certificate: the pair is complete when the certificate changes.
+    std::fs::write(dir.join("server.key"), key).unwrap();
+    std::fs::write(dir.join("server.crt"), cert).unwrap();
+}
+
+async fn call(port: u16, server_ca: &str, client: Option<(String, String)>) -> Result<i32, String> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(server_ca))
+        .domain_name("localhost");
+    if let Some((cert, key)) = client {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    let endpoint = Endpoint::from_shared(format!("https://127.0.0.1:{port}"))
+        .unwrap()
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(5));
+    let channel = endpoint.connect().await.map_err(|e| format!("{e:?}"))?;
+    pb::RateLimitServiceClient::new(channel)
+        .should_rate_limit(request("t", &[&[("k", "x")]]))
+        .await
+        .map(|r| r.into_inner().statuses[0].limit_remaining as i32)
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_up_rotation() {
+    let certs = tempfile::tempdir().unwrap();
+    let server_ca = ca("server ca");
+    let client_ca = ca("client ca");
+    write_server_cert(certs.path(), &server_ca);
+    std::fs::write(certs.path().join("client-ca.crt"), &client_ca.pem).unwrap();
+    let server = start_with(
+        &[("t.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                tls: Some(TlsFiles {
+                    cert: certs.path().join("server.crt"),
+                    key: certs.path().join("server.key"),
+                    client_ca: Some(certs.path().join("client-ca.crt")),
+                }),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    let port = server.grpc.port();
+
+    assert!(
+        call(port, &server_ca.pem, None).await.is_err(),
+        "no client certificate"
+    );
+    let stranger = leaf(&ca("another ca"), &["client"]);
+    assert!(
+        call(port, &server_ca.pem, Some(stranger)).await.is_err(),
+        "a certificate from another CA"
+    );
+    assert!(
+        server.call(request("t", &[&[("k", "x")]])).await.is_err(),
+        "plaintext"
+    );
+    let client = leaf(&client_ca, &["client"]);
+    assert_eq!(
+        call(port, &server_ca.pem, Some(client.clone())).await,
+        Ok(4)
+    );
+
+    // Rotate the server certificate to one from a new CA: new connections get it.
+    let rotated_ca = ca("rotated server ca");
+    write_server_cert(certs.path(), &rotated_ca);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(remaining) = call(port, &rotated_ca.pem, Some(client.clone())).await {
+            assert_eq!(remaining, 3);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rotated certificate was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        call(port, &server_ca.pem, Some(client)).await.is_err(),
+        "the old certificate is gone"
+    );
+}

@@ -18,6 +18,7 @@ use crate::server::Options;
 use crate::service::OnStoreError;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
 use crate::storage::{StoreOptions, StoreSpec};
+use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
@@ -38,6 +39,10 @@ pub struct Cli {
         global = true
     )]
     pub log_level: String,
+
+    /// Log lines as `text` or `json`.
+    #[arg(long, global = true, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Subcommand)]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use tracing::Instrument;
 
 use crate::algorithm::Outcome;
 use crate::clock::Micros;
@@ -118,6 +119,7 @@ impl RateLimiter {
         self.rules.load_full()
     }
 
+    #[tracing::instrument(name = "decide", skip_all, fields(descriptors = request.descriptors.len()))]
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
@@ -136,7 +138,11 @@ impl RateLimiter {
             Vec::new()
         } else {
             let started = Instant::now();
-            let applied = self.store.apply(&hits).await;
+            let applied = self
+                .store
+                .apply(&hits)
+                .instrument(tracing::info_span!("store", counters = hits.len()))
+                .await;
             self.metrics
                 .store_seconds
                 .observe(started.elapsed().as_secs_f64());

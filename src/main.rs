@@ -9,7 +9,7 @@ use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    telemetry::init(&cli.log_level)?;
+    let _telemetry = telemetry::init(&cli.log_level, cli.log_format)?;
     match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Check(args) => Ok(check(&args.dir)),

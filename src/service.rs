@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::descriptor::{self, InputLimits, RequestError};
@@ -15,6 +16,7 @@ use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
 use crate::metrics::{self, Metrics};
 use crate::pb::{self, rate_limit_response as rls};
 use crate::storage::StoreError;
+use crate::telemetry;
 
 /// What a request gets when the store fails (`--on-store-error`, DESIGN §7).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -175,18 +177,28 @@ fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
 
 #[tonic::async_trait]
 impl pb::RateLimitService for RlsService {
-    #[tracing::instrument(skip_all, fields(domain, descriptors, code))]
     async fn should_rate_limit(
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
         let deadline = grpc_timeout(request.metadata());
+        // The caller's trace context must be set before the span is first entered.
+        let span = tracing::info_span!(
+            "should_rate_limit",
+            domain = tracing::field::Empty,
+            descriptors = tracing::field::Empty,
+            code = tracing::field::Empty,
+        );
+        telemetry::continue_trace(&span, request.metadata());
         let request = request.into_inner();
-        let span = tracing::Span::current();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
         let started = Instant::now();
-        let answer = self.decide(request, deadline).await.map_err(Status::from);
+        let answer = self
+            .decide(request, deadline)
+            .instrument(span.clone())
+            .await
+            .map_err(Status::from);
         self.metrics.observe_decision(started.elapsed());
         let code = match &answer {
             Ok(_) => tonic::Code::Ok,

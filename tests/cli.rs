@@ -158,3 +158,30 @@ fn serve_refuses_to_start_with_unreadable_tls_files() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("TLS: /nonexistent/server.crt"), "{stderr}");
 }
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    use std::io::BufRead;
+    let mut child = tollgate_bin()
+        .args([
+            "serve",
+            "--config",
+            "examples/config",
+            "--log-format",
+            "json",
+        ])
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(entry["level"], "INFO", "{line}");
+    assert_eq!(entry["fields"]["message"], "listening", "{line}");
+}

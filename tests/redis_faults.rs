@@ -91,6 +91,16 @@ async fn stopped_redis(
         check(answer);
     }
     readiness_becomes(&server, 500, Duration::from_secs(10)).await;
+    // The failures are in the metrics: refused connections, then the open breaker.
+    let metrics = server.http("GET", "/metrics", "").await.1;
+    assert!(
+        metrics.contains("tollgate_store_errors_total{kind=\"unavailable\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tollgate_store_errors_total{kind=\"circuit_open\"}"),
+        "{metrics}"
+    );
     server
 }
 

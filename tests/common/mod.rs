@@ -319,6 +319,21 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Http
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
+    exchange(addr, request).await
+}
+
+/// A minimal HTTP/1.1 exchange (`Connection: close`): returns the status and the body.
+pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let response = exchange(addr, request).await;
+    (response.status, response.body)
+}
+
+/// Sends `request` and reads the whole response.
+async fn exchange(addr: SocketAddr, request: String) -> HttpResponse {
     tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(addr).expect("connect http");
         stream
@@ -343,35 +358,6 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Http
             headers,
             body: body.to_owned(),
         }
-    })
-    .await
-    .expect("http task")
-}
-
-/// A minimal HTTP/1.1 exchange (`Connection: close`): returns the status and the body.
-pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(addr).expect("connect http");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        stream.write_all(request.as_bytes()).expect("write http");
-        let mut response = String::new();
-        stream.read_to_string(&mut response).expect("read http");
-        let status = response
-            .split(' ')
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .expect("status line");
-        let body = response
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        (status, body)
     })
     .await
     .expect("http task")

@@ -78,7 +78,7 @@ pub struct ServeArgs {
 
     /// Poll the config directory this often instead of watching it for file events (for
     /// filesystems without inotify, such as some network mounts).
-    #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = positive_duration)]
     pub config_poll: Option<Duration>,
 
     /// gRPC listen address (RLS v3 and gRPC health).
@@ -148,7 +148,7 @@ pub struct ServeArgs {
     pub dynamic_metadata: bool,
 
     /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
-    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio)]
     pub near_limit_ratio: f64,
 
     /// Most label sets with client values (`detailed_metric`, `value_to_metric`) in the
@@ -271,6 +271,24 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// A duration above zero.
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err("must be more than zero".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// A number from 0 to 1.
+fn ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
+        Ok(_) => Err("must be between 0 and 1".into()),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 /// Why `serve`'s flags cannot be used.
@@ -419,6 +437,21 @@ mod tests {
             args.store_spec().unwrap_err().to_string(),
             "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `redis-cluster://…` or `rediss-cluster://…`"
         );
+    }
+
+    #[test]
+    fn a_zero_poll_interval_and_a_ratio_outside_0_to_1_are_refused() {
+        let base = ["tollgate", "serve", "--config", "cfg"];
+        let with = |flag: &str, value: &str| {
+            let mut args = base.to_vec();
+            args.extend([flag, value]);
+            Cli::try_parse_from(args).map(drop)
+        };
+        assert!(with("--config-poll", "0s").is_err());
+        assert!(with("--config-poll", "5s").is_ok());
+        assert!(with("--near-limit-ratio", "1.5").is_err());
+        assert!(with("--near-limit-ratio", "NaN").is_err());
+        assert!(with("--near-limit-ratio", "0.9").is_ok());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Rate-limit response headers (`--response-headers`, DESIGN §6), added to
 //! `response_headers_to_add` so that Envoy (or any client) passes them on. They describe one
-//! descriptor: the one that denies (the one that frees up last, if several do), else the one
-//! with the least remaining. `Retry-After` is added when the request is over the limit.
+//! descriptor: when the request is denied, the descriptor that denies (the one that frees up
+//! last, if several do), else the one with the least remaining. `Retry-After` is added when the request is over the limit.
 //!
 //! - `draft03`: `X-RateLimit-Limit: 10, 10;w=60` (`;name="…"` for a named limit),
 //!   `X-RateLimit-Remaining`, `X-RateLimit-Reset`: the form Envoy itself emits with
@@ -43,9 +43,12 @@ fn reported(decision: &Decision) -> Option<Reported<'_>> {
         } => Some((*code, limit, *remaining, whole_seconds_up(*until_reset))),
         DescriptorStatus::NoLimit | DescriptorStatus::Unlimited => None,
     });
+    // A descriptor over its limit is reported only when the request is denied: in shadow or
+    // quota mode an over descriptor did not block anything.
+    let denied = decision.overall == Code::OverLimit;
     let denying = limited
         .clone()
-        .filter(|(code, ..)| *code == Code::OverLimit)
+        .filter(|(code, ..)| denied && *code == Code::OverLimit)
         .enumerate()
         .max_by_key(|(index, (.., reset))| (*reset, std::cmp::Reverse(*index)))
         .map(|(_, status)| status);

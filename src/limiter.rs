@@ -165,10 +165,13 @@ impl RateLimiter {
         let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
         let overall = if over { Code::OverLimit } else { Code::Ok };
         self.record(request, &matches, &resolved, &outcomes);
+        // A replaced rule's metadata does not count (its descriptor reports no limit).
         let metadata = matches
             .iter()
-            .map(|found| match found {
-                Found::Rule(found) => found.rule.metadata.clone(),
+            .zip(&resolved)
+            .map(|(found, resolved)| match (found, resolved) {
+                (_, Resolved::NoLimit) => None,
+                (Found::Rule(found), _) => found.rule.metadata.clone(),
                 _ => None,
             })
             .collect();

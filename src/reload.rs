@@ -65,8 +65,10 @@ pub fn spawn(
     metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // Nothing seen yet: the first check loads once more, so a change made between the
+        // initial load and the start of the watch is not missed.
         let reloader = Reloader {
-            last_seen: fingerprint(&options.dir),
+            last_seen: 0,
             dir: options.dir,
             rules,
             status,
@@ -100,7 +102,8 @@ impl Reloader {
     async fn watch(mut self) {
         let (events, mut changed) = mpsc::unbounded_channel::<()>();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.is_ok() {
+            // Reads (ours included: inotify reports opens) change nothing.
+            if event.is_ok_and(|event| !matches!(event.kind, notify::EventKind::Access(_))) {
                 let _ = events.send(());
             }
         })
@@ -115,6 +118,7 @@ impl Reloader {
                 return;
             }
         };
+        self.reload_if_changed().await;
         while changed.recv().await.is_some() {
             // Let the burst settle (an editor's save or a ConfigMap swap is several events).
             loop {
@@ -131,20 +135,40 @@ impl Reloader {
         }
     }
 
+    /// Loads the config if the files changed since the last attempt. The files are
+    /// fingerprinted before and after the load; if they changed in between (a write still in
+    /// progress), the load is retried once they settle, so a half-written file never stays in
+    /// force.
     async fn reload_if_changed(&mut self) {
-        let dir = self.dir.clone();
-        let Ok((seen, loaded)) = tokio::task::spawn_blocking(move || {
-            let seen = fingerprint(&dir);
-            (seen, config::load_dir(&dir))
-        })
-        .await
-        else {
-            return;
-        };
-        if seen == self.last_seen {
+        loop {
+            let dir = self.dir.clone();
+            let attempt = tokio::task::spawn_blocking(move || {
+                let before = fingerprint(&dir);
+                let loaded = config::load_dir(&dir);
+                (before, loaded, fingerprint(&dir))
+            })
+            .await;
+            let (before, loaded, after) = match attempt {
+                Ok(attempt) => attempt,
+                Err(error) => {
+                    tracing::error!(%error, "config reload task failed");
+                    return;
+                }
+            };
+            if before == self.last_seen && after == self.last_seen {
+                return;
+            }
+            if before != after {
+                tokio::time::sleep(SETTLE).await;
+                continue;
+            }
+            self.last_seen = before;
+            self.apply(loaded);
             return;
         }
-        self.last_seen = seen;
+    }
+
+    fn apply(&self, loaded: Result<RuleSet, config::ConfigErrors>) {
         match loaded {
             Ok(rules) => {
                 tracing::info!(dir = %self.dir.display(), domains = rules.domains().len(), "config reloaded");
@@ -169,7 +193,7 @@ impl Reloader {
     }
 }
 
-/// A hash of the names and contents of the files the loader would read (following
+/// A hash of the names and contents of the entries the loader would look at (following
 /// symlinks, skipping dot-entries as it does), so that unrelated events reload nothing.
 fn fingerprint(dir: &Path) -> u64 {
     let mut hasher = DefaultHasher::new();
@@ -191,11 +215,16 @@ fn hash_dir(dir: &Path, hasher: &mut DefaultHasher) {
         .collect();
     paths.sort();
     for path in paths {
+        path.hash(hasher);
         if path.is_dir() {
             hash_dir(&path, hasher);
-        } else if let Ok(content) = std::fs::read(&path) {
-            path.hash(hasher);
-            content.hash(hasher);
+        } else {
+            // An unreadable entry (a dangling link, no permission) counts too: the loader
+            // fails on it, and removing it must be seen as a change.
+            match std::fs::read(&path) {
+                Ok(content) => content.hash(hasher),
+                Err(error) => error.kind().hash(hasher),
+            }
         }
     }
 }

@@ -22,7 +22,10 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
 /// How long a client may take to finish the handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in progress at once; beyond, new connections wait in the kernel's backlog, so
+/// idle sockets cannot exhaust the process's file descriptors.
+const MAX_HANDSHAKES: usize = 1024;
 /// How often, at most, the files are checked for changes.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -142,7 +145,11 @@ async fn accept_loop(
 ) {
     let mut stamp = files.stamp();
     let mut checked = Instant::now();
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
+        let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
+            return;
+        };
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -172,6 +179,7 @@ async fn accept_loop(
         let acceptor = TlsAcceptor::from(Arc::clone(&config));
         let ready = ready.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
                     let _ = ready.send(stream).await;

@@ -146,3 +146,24 @@ async fn config_poll_reloads_without_file_events() {
     write(server.config_dir(), "a.yaml", &limits("a", 4));
     serves(&server, "a", Some(4)).await;
 }
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_unreadable_entry_that_broke_a_reload_is_seen() {
+    let server = start_with(&[("a.yaml", &limits("a", 1))], watching(None)).await;
+    let dir = server.config_dir().to_owned();
+    // A new valid file together with a dangling link: the load fails as a whole.
+    write(&dir, "b.yaml", &limits("b", 2));
+    std::os::unix::fs::symlink("missing.yaml", dir.join("dangling.yaml")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reload_errors(&server).await != "1" {
+        assert!(
+            Instant::now() < deadline,
+            "the failed reload was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(limit_of(&server, "b").await, None);
+    std::fs::remove_file(dir.join("dangling.yaml")).unwrap();
+    serves(&server, "b", Some(2)).await;
+}

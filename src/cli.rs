@@ -163,6 +163,15 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub bounds: BoundArgs,
 
+    /// Decisions in flight at once; beyond, a request waits up to --max-queue-time for a slot,
+    /// then gets RESOURCE_EXHAUSTED (load shedding).
+    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = 4_096)]
+    pub max_in_flight: usize,
+
+    /// Longest wait for a decision slot when --max-in-flight are busy.
+    #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub max_queue_time: Duration,
+
     /// Time health reports NOT_SERVING before the listeners close on shutdown.
     #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
@@ -363,6 +372,8 @@ impl ServeArgs {
             shutdown_delay: self.shutdown_delay,
             drain_timeout: self.drain_timeout,
             on_store_error: self.on_store_error,
+            max_in_flight: self.max_in_flight,
+            max_queue_time: self.max_queue_time,
             response_headers: self.response_headers,
             dynamic_metadata: self.dynamic_metadata,
             tls: self

@@ -31,6 +31,7 @@
 //! - `pb`: generated protobuf code; `clock`: time as a value; `bench`: the load generator.
 
 pub mod admin;
+pub mod admission;
 pub mod algorithm;
 pub mod bench;
 pub mod cli;

@@ -13,6 +13,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::{Router, TcpIncoming};
 
+use crate::admission::Admission;
 use crate::descriptor::InputLimits;
 use crate::headers::HeaderMode;
 use crate::health::{self, Health};
@@ -53,6 +54,9 @@ pub struct Options {
     pub reload_status: Arc<ReloadStatus>,
     /// TLS (and mutual TLS) on the gRPC listener.
     pub tls: Option<TlsFiles>,
+    /// Decisions in flight at once; beyond, requests wait up to `max_queue_time`.
+    pub max_in_flight: usize,
+    pub max_queue_time: Duration,
 }
 
 impl Default for Options {
@@ -71,6 +75,8 @@ impl Default for Options {
             reload: None,
             reload_status: Arc::new(ReloadStatus::default()),
             tls: None,
+            max_in_flight: 4_096,
+            max_queue_time: Duration::from_millis(50),
         }
     }
 }
@@ -147,7 +153,11 @@ pub async fn run(
         .with_on_store_error(options.on_store_error)
         .with_response_headers(options.response_headers)
         .with_dynamic_metadata(options.dynamic_metadata)
-        .with_metrics(Arc::clone(&options.metrics));
+        .with_metrics(Arc::clone(&options.metrics))
+        .with_admission(Arc::new(Admission::new(
+            options.max_in_flight,
+            options.max_queue_time,
+        )));
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let probe = tokio::spawn(health::probe_store(

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
+use crate::admission::{Admission, Overloaded};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::descriptor::{self, InputLimits, RequestError};
 use crate::dynamic_metadata;
@@ -42,6 +43,7 @@ pub struct RlsService {
     header_mode: HeaderMode,
     dynamic_metadata: bool,
     metrics: Arc<Metrics>,
+    admission: Arc<Admission>,
 }
 
 impl RlsService {
@@ -53,7 +55,12 @@ impl RlsService {
             header_mode: HeaderMode::default(),
             dynamic_metadata: false,
             metrics: Arc::new(Metrics::default()),
+            admission: Arc::new(Admission::default()),
         }
+    }
+
+    pub fn with_admission(self, admission: Arc<Admission>) -> Self {
+        Self { admission, ..self }
     }
 
     pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
@@ -88,6 +95,7 @@ impl RlsService {
         request: pb::RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
+        let _slot = self.admission.enter().await?;
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = self.dynamic_metadata.then(|| request.clone());
         let request = descriptor::Request::from_pb(request, &self.input_limits)?;
@@ -221,12 +229,15 @@ pub enum Error {
     Request(#[from] RequestError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
 }
 
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         match error {
             Error::Request(error) => Status::invalid_argument(error.to_string()),
+            Error::Overloaded(error) => Status::resource_exhausted(error.to_string()),
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
             // whether traffic passes while the store is down, as the operator configured.
             Error::Store(error) => {

@@ -98,6 +98,9 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
         Err(service::Error::Request(error)) => {
             (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response()
         }
+        Err(service::Error::Overloaded(error)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
+        }
         Err(service::Error::Store(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "rate limit store unavailable\n",

@@ -1,9 +1,14 @@
-//! `tollgate bench`: a closed-loop load generator for any RLS v3 server. `concurrency` tasks
-//! share `connections` HTTP/2 connections; each sends its next request as soon as the
-//! previous one is answered. Requests are built once, before the run, and each task records
-//! latencies in its own histogram, so the client spends its CPU on gRPC, not on itself.
+//! `tollgate bench`: a load generator for any RLS v3 server.
+//!
+//! Closed loop (default): `concurrency` tasks share `connections` HTTP/2 connections; each sends
+//! its next request as soon as the previous one is answered. Open loop (`--rate N`): requests
+//! start on a fixed schedule whatever the server's speed, and latency is measured from the
+//! scheduled start, so a server that falls behind shows it (no coordinated omission).
+//! Requests are built once, before the run; closed-loop tasks keep their own histograms.
+//! With `--server-pid`, the server's CPU time (from /proc) per decision is reported too.
 
-use std::time::Instant;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -19,8 +24,15 @@ pub struct Report {
     pub decisions_per_second: f64,
     pub ok: u64,
     pub over_limit: u64,
+    /// Refused with RESOURCE_EXHAUSTED (load shedding).
+    pub shed: u64,
     pub errors: u64,
+    /// Latency of answered decisions (OK and OVER_LIMIT).
     pub latency_us: Percentiles,
+    /// Server CPU time per answered decision, with `--server-pid`.
+    pub server_cpu_us_per_decision: Option<f64>,
+    /// Server resident memory at the end, with `--server-pid`.
+    pub server_rss_kib: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -32,11 +44,12 @@ pub struct Percentiles {
     pub max: u64,
 }
 
-/// One task's tally.
+/// A tally of calls.
 struct Tally {
     latency: Histogram<u64>,
     ok: u64,
     over_limit: u64,
+    shed: u64,
     errors: u64,
 }
 
@@ -47,8 +60,34 @@ impl Tally {
             latency: Histogram::new_with_bounds(1, 60_000_000, 3)?,
             ok: 0,
             over_limit: 0,
+            shed: 0,
             errors: 0,
         })
+    }
+
+    fn record(&mut self, answer: Result<i32, tonic::Status>, took: Duration) {
+        match answer {
+            Ok(code) => {
+                let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+                self.latency.saturating_record(micros.max(1));
+                if code == rls::Code::OverLimit as i32 {
+                    self.over_limit += 1;
+                } else {
+                    self.ok += 1;
+                }
+            }
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => self.shed += 1,
+            Err(_) => self.errors += 1,
+        }
+    }
+
+    fn add(&mut self, other: &Tally) -> Result<(), hdrhistogram::AdditionError> {
+        self.latency.add(&other.latency)?;
+        self.ok += other.ok;
+        self.over_limit += other.over_limit;
+        self.shed += other.shed;
+        self.errors += other.errors;
+        Ok(())
     }
 }
 
@@ -77,7 +116,7 @@ pub fn requests(args: &BenchArgs) -> Vec<pb::RateLimitRequest> {
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
-    let requests = std::sync::Arc::new(requests(args));
+    let requests = Arc::new(requests(args));
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
         let channel = Endpoint::from_shared(args.addr.clone())?
@@ -86,33 +125,62 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             .await?;
         channels.push(channel);
     }
-    let start = Instant::now();
-    let measure_from = start + args.warmup;
+    let measure_from = Instant::now() + args.warmup;
     let end = measure_from + args.duration;
-    let tasks: Vec<_> = (0..args.concurrency.max(1))
-        .map(|task| {
-            let channel = channels[task % channels.len()].clone();
-            let requests = std::sync::Arc::clone(&requests);
-            let stride = args.concurrency.max(1);
-            tokio::spawn(drive(channel, requests, task, stride, measure_from, end))
-        })
-        .collect();
-    let mut total = Tally::new()?;
-    for task in tasks {
-        let tally = task.await??;
-        total.latency.add(&tally.latency)?;
-        total.ok += tally.ok;
-        total.over_limit += tally.over_limit;
-        total.errors += tally.errors;
-    }
+    let cpu_probe = {
+        let pid = args.server_pid;
+        async move {
+            tokio::time::sleep_until(measure_from.into()).await;
+            pid.and_then(server_cpu_ticks)
+        }
+    };
+    let total = match args.rate {
+        None => {
+            let tasks: Vec<_> = (0..args.concurrency.max(1))
+                .map(|task| {
+                    let channel = channels[task % channels.len()].clone();
+                    let requests = Arc::clone(&requests);
+                    let stride = args.concurrency.max(1);
+                    tokio::spawn(closed_loop(
+                        channel,
+                        requests,
+                        task,
+                        stride,
+                        measure_from,
+                        end,
+                    ))
+                })
+                .collect();
+            let cpu_before = cpu_probe.await;
+            let mut total = Tally::new()?;
+            for task in tasks {
+                total.add(&task.await??)?;
+            }
+            (total, cpu_before)
+        }
+        Some(rate) => {
+            let schedule = tokio::spawn(open_loop(
+                channels,
+                Arc::clone(&requests),
+                rate,
+                measure_from,
+                end,
+            ));
+            let cpu_before = cpu_probe.await;
+            (schedule.await??, cpu_before)
+        }
+    };
+    let (total, cpu_before) = total;
+    let cpu_after = args.server_pid.and_then(server_cpu_ticks);
     let seconds = args.duration.as_secs_f64();
-    let answered = total.ok + total.over_limit + total.errors;
+    let answered = total.ok + total.over_limit;
     let at = |q: f64| total.latency.value_at_quantile(q);
     Ok(Report {
         seconds,
         decisions_per_second: answered as f64 / seconds,
         ok: total.ok,
         over_limit: total.over_limit,
+        shed: total.shed,
         errors: total.errors,
         latency_us: Percentiles {
             p50: at(0.5),
@@ -121,14 +189,18 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
             p999: at(0.999),
             max: total.latency.max(),
         },
+        server_cpu_us_per_decision: cpu_before.zip(cpu_after).and_then(|(before, after)| {
+            (answered > 0).then(|| (after - before) as f64 * MICROS_PER_TICK / answered as f64)
+        }),
+        server_rss_kib: args.server_pid.and_then(server_rss_kib),
     })
 }
 
 /// One closed-loop task: requests `first`, `first + stride`, … until `end`; records only
 /// calls that start after `measure_from`.
-async fn drive(
+async fn closed_loop(
     channel: Channel,
-    requests: std::sync::Arc<Vec<pb::RateLimitRequest>>,
+    requests: Arc<Vec<pb::RateLimitRequest>>,
     first: usize,
     stride: usize,
     measure_from: Instant,
@@ -144,34 +216,107 @@ async fn drive(
         }
         let answer = client.should_rate_limit(requests[next].clone()).await;
         next = (next + stride) % requests.len();
-        if started < measure_from {
-            continue;
-        }
-        let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        tally.latency.saturating_record(micros.max(1));
-        match answer.map(|response| response.into_inner().overall_code) {
-            Ok(code) if code == rls::Code::OverLimit as i32 => tally.over_limit += 1,
-            Ok(_) => tally.ok += 1,
-            Err(_) => tally.errors += 1,
+        if started >= measure_from {
+            tally.record(
+                answer.map(|response| response.into_inner().overall_code),
+                started.elapsed(),
+            );
         }
     }
+}
+
+/// The open loop: `rate` requests a second on schedule, each in its own task, latency from
+/// its scheduled start.
+async fn open_loop(
+    channels: Vec<Channel>,
+    requests: Arc<Vec<pb::RateLimitRequest>>,
+    rate: u64,
+    measure_from: Instant,
+    end: Instant,
+) -> anyhow::Result<Tally> {
+    let tally = Arc::new(Mutex::new(Tally::new()?));
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let start = Instant::now();
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0u64.. {
+        let scheduled = start + interval.mul_f64(n as f64);
+        if scheduled >= end {
+            break;
+        }
+        tokio::time::sleep_until(scheduled.into()).await;
+        let index = usize::try_from(n).unwrap_or(0);
+        let mut client = pb::RateLimitServiceClient::new(channels[index % channels.len()].clone());
+        let request = requests[index % requests.len()].clone();
+        let tally = Arc::clone(&tally);
+        calls.spawn(async move {
+            let answer = client.should_rate_limit(request).await;
+            if scheduled >= measure_from {
+                tally.lock().unwrap_or_else(PoisonError::into_inner).record(
+                    answer.map(|r| r.into_inner().overall_code),
+                    scheduled.elapsed(),
+                );
+            }
+        });
+        // Reap finished calls as we go, so the set stays as small as what is in flight.
+        while calls.try_join_next().is_some() {}
+    }
+    while calls.join_next().await.is_some() {}
+    let tally = Arc::try_unwrap(tally)
+        .map_err(|_| anyhow::anyhow!("open-loop calls still running"))?
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner);
+    Ok(tally)
+}
+
+/// Linux reports CPU time in clock ticks of 1/100 s (USER_HZ is 100 on every Linux ABI).
+const MICROS_PER_TICK: f64 = 10_000.0;
+
+/// utime + stime of `pid`, in clock ticks, from /proc/<pid>/stat.
+fn server_cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces; fields resume after its closing parenthesis.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// VmRSS of `pid`, in KiB.
+pub fn server_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }
 
 impl Report {
     pub fn render(&self) -> String {
         let l = &self.latency_us;
-        format!(
-            "{:.0} decisions/s over {:.1} s: {} OK, {} OVER_LIMIT, {} errors\nlatency µs: p50 {} p90 {} p99 {} p99.9 {} max {}\n",
+        let mut out = format!(
+            "{:.0} decisions/s over {:.1} s: {} OK, {} OVER_LIMIT, {} shed, {} errors\nlatency µs: p50 {} p90 {} p99 {} p99.9 {} max {}\n",
             self.decisions_per_second,
             self.seconds,
             self.ok,
             self.over_limit,
+            self.shed,
             self.errors,
             l.p50,
             l.p90,
             l.p99,
             l.p999,
             l.max
-        )
+        );
+        if let Some(cpu) = self.server_cpu_us_per_decision {
+            out.push_str(&format!("server CPU: {cpu:.1} µs per decision\n"));
+        }
+        if let Some(rss) = self.server_rss_kib {
+            out.push_str(&format!("server RSS: {rss} KiB\n"));
+        }
+        out
     }
 }

@@ -277,6 +277,15 @@ pub struct BenchArgs {
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
 
+    /// Open loop: start this many requests per second on schedule, whatever the server's
+    /// speed (default: closed loop with --concurrency in flight).
+    #[arg(long)]
+    pub rate: Option<u64>,
+
+    /// Report this server process's CPU time per decision and its resident memory (Linux).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,

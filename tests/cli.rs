@@ -185,3 +185,43 @@ fn log_format_json_writes_one_json_object_per_line() {
     assert_eq!(entry["level"], "INFO", "{line}");
     assert_eq!(entry["fields"]["message"], "listening", "{line}");
 }
+
+#[tokio::test]
+async fn bench_open_loop_reports_server_cpu_and_memory() {
+    let config = config_dir(&[(
+        "bench.yaml",
+        "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2, algorithm: sliding_log}\n",
+    )]);
+    let replica = Replica::spawn(config.path(), &[]);
+    replica.wait_ready().await;
+    let output = run(&[
+        "bench",
+        "--addr",
+        &format!("http://127.0.0.1:{}", replica.grpc),
+        "--values",
+        "5",
+        "--rate",
+        "200",
+        "--warmup",
+        "0s",
+        "--duration",
+        "500ms",
+        "--server-pid",
+        &replica.process.0.id().to_string(),
+        "--json",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    // 100 requests on schedule for 5 users at 2 per hour each.
+    assert_eq!(report["ok"], 10, "{report}");
+    assert_eq!(report["over_limit"], 90, "{report}");
+    assert_eq!(
+        (report["errors"].clone(), report["shed"].clone()),
+        (0.into(), 0.into())
+    );
+    assert!(report["server_cpu_us_per_decision"].is_number(), "{report}");
+    assert!(
+        report["server_rss_kib"].as_u64().unwrap() > 1_000,
+        "{report}"
+    );
+}

@@ -48,6 +48,7 @@ pub struct Metrics {
     pub deny_cache_hits: Counter,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
+    pub tokio_tasks: Gauge,
 }
 
 /// One descriptor's count, as the limiter saw it.
@@ -107,6 +108,7 @@ impl Metrics {
             deny_cache_hits: Counter::default(),
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
+            tokio_tasks: Gauge::default(),
             registry,
         };
         metrics.register_service()
@@ -158,6 +160,11 @@ impl Metrics {
             "memory_evictions",
             "Counters the memory store evicted to stay within --memory-max-keys",
             self.memory_evictions.clone(),
+        );
+        r.register(
+            "tokio_alive_tasks",
+            "Tasks alive in the runtime (sampled at scrape time)",
+            self.tokio_tasks.clone(),
         );
         self
     }
@@ -219,6 +226,10 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn render(&self) -> String {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let alive = runtime.metrics().num_alive_tasks();
+            self.tokio_tasks.set(i64::try_from(alive).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -200,8 +200,10 @@ pub struct BoundArgs {
     #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = InputLimits::default().max_value_bytes)]
     pub max_value_bytes: usize,
 
-    /// Largest hits_addend, request- or descriptor-level.
-    #[arg(long, env = "TOLLGATE_MAX_HITS_ADDEND", default_value_t = InputLimits::default().max_hits_addend)]
+    /// Largest hits_addend, request- or descriptor-level (at most 10^12, which keeps every
+    /// count exact in the Redis scripts' arithmetic).
+    #[arg(long, env = "TOLLGATE_MAX_HITS_ADDEND", default_value_t = InputLimits::default().max_hits_addend,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     pub max_hits_addend: u64,
 
     /// Largest gRPC request message, in bytes (larger ones get OUT_OF_RANGE from gRPC).
@@ -472,6 +474,8 @@ mod tests {
         assert!(with("--near-limit-ratio", "1.5").is_err());
         assert!(with("--near-limit-ratio", "NaN").is_err());
         assert!(with("--near-limit-ratio", "0.9").is_ok());
+        assert!(with("--max-hits-addend", "18446744073709551615").is_err());
+        assert!(with("--max-hits-addend", "1000000000000").is_ok());
     }
 
     #[test]

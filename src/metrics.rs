@@ -228,7 +228,8 @@ impl Metrics {
     pub fn render(&self) -> String {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let alive = runtime.metrics().num_alive_tasks();
-            self.tokio_tasks.set(i64::try_from(alive).unwrap_or(i64::MAX));
+            self.tokio_tasks
+                .set(i64::try_from(alive).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
         // Writing to a String cannot fail.

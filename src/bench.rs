@@ -26,9 +26,14 @@ pub struct Report {
     pub over_limit: u64,
     /// Refused with RESOURCE_EXHAUSTED (load shedding).
     pub shed: u64,
+    /// Open loop only: scheduled but never sent, because `MAX_OUTSTANDING` calls were already
+    /// waiting (the client, not the server, fell behind).
+    pub unsent: u64,
     pub errors: u64,
     /// Latency of answered decisions (OK and OVER_LIMIT).
     pub latency_us: Percentiles,
+    /// The first error other than shedding, if any.
+    pub first_error: Option<String>,
     /// Server CPU time per answered decision, with `--server-pid`.
     pub server_cpu_us_per_decision: Option<f64>,
     /// Server resident memory at the end, with `--server-pid`.
@@ -51,6 +56,8 @@ struct Tally {
     over_limit: u64,
     shed: u64,
     errors: u64,
+    unsent: u64,
+    first_error: Option<String>,
 }
 
 impl Tally {
@@ -62,6 +69,8 @@ impl Tally {
             over_limit: 0,
             shed: 0,
             errors: 0,
+            unsent: 0,
+            first_error: None,
         })
     }
 
@@ -77,7 +86,12 @@ impl Tally {
                 }
             }
             Err(status) if status.code() == tonic::Code::ResourceExhausted => self.shed += 1,
-            Err(_) => self.errors += 1,
+            Err(status) => {
+                self.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(format!("{:?}: {}", status.code(), status.message()));
+                }
+            }
         }
     }
 
@@ -87,6 +101,10 @@ impl Tally {
         self.over_limit += other.over_limit;
         self.shed += other.shed;
         self.errors += other.errors;
+        self.unsent += other.unsent;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
         Ok(())
     }
 }
@@ -181,7 +199,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         ok: total.ok,
         over_limit: total.over_limit,
         shed: total.shed,
+        unsent: total.unsent,
         errors: total.errors,
+        first_error: total.first_error.clone(),
         latency_us: Percentiles {
             p50: at(0.5),
             p90: at(0.9),
@@ -244,6 +264,14 @@ async fn open_loop(
             break;
         }
         tokio::time::sleep_until(scheduled.into()).await;
+        // Reap finished calls as we go, so the set stays as small as what is in flight.
+        while calls.try_join_next().is_some() {}
+        if calls.len() >= MAX_OUTSTANDING {
+            if scheduled >= measure_from {
+                tally.lock().unwrap_or_else(PoisonError::into_inner).unsent += 1;
+            }
+            continue;
+        }
         let index = usize::try_from(n).unwrap_or(0);
         let mut client = pb::RateLimitServiceClient::new(channels[index % channels.len()].clone());
         let request = requests[index % requests.len()].clone();
@@ -257,8 +285,6 @@ async fn open_loop(
                 );
             }
         });
-        // Reap finished calls as we go, so the set stays as small as what is in flight.
-        while calls.try_join_next().is_some() {}
     }
     while calls.join_next().await.is_some() {}
     let tally = Arc::try_unwrap(tally)
@@ -267,6 +293,10 @@ async fn open_loop(
         .unwrap_or_else(PoisonError::into_inner);
     Ok(tally)
 }
+
+/// Open-loop calls waiting at once, beyond which the client counts a call as unsent rather
+/// than grow without bound.
+const MAX_OUTSTANDING: usize = 20_000;
 
 /// Linux reports CPU time in clock ticks of 1/100 s (USER_HZ is 100 on every Linux ABI).
 const MICROS_PER_TICK: f64 = 10_000.0;
@@ -298,13 +328,14 @@ impl Report {
     pub fn render(&self) -> String {
         let l = &self.latency_us;
         let mut out = format!(
-            "{:.0} decisions/s over {:.1} s: {} OK, {} OVER_LIMIT, {} shed, {} errors\nlatency µs: p50 {} p90 {} p99 {} p99.9 {} max {}\n",
+            "{:.0} decisions/s over {:.1} s: {} OK, {} OVER_LIMIT, {} shed, {} errors, {} unsent\nlatency µs: p50 {} p90 {} p99 {} p99.9 {} max {}\n",
             self.decisions_per_second,
             self.seconds,
             self.ok,
             self.over_limit,
             self.shed,
             self.errors,
+            self.unsent,
             l.p50,
             l.p90,
             l.p99,

@@ -117,11 +117,18 @@ pub fn grpc_router(
     max_request_bytes: usize,
 ) -> Router {
     tonic::transport::Server::builder()
+        // Streams a client may have open on one connection: requests beyond wait on the
+        // client's side (HTTP/2 flow control) instead of piling up in this process.
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
         .add_service(health_service)
         .add_service(
             RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
         )
 }
+
+/// HTTP/2 streams per connection. Envoy opens few connections and multiplexes on them, so
+/// this bounds what one client can queue here, with room above the decision slots.
+const MAX_CONCURRENT_STREAMS: u32 = 1_024;
 
 /// Serves until `shutdown` resolves, then drains (see the module docs).
 pub async fn run(

@@ -222,24 +222,36 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
     ) -> Result<Vec<Outcome>, StoreError> {
-        let groups = match connection {
-            Connection::Single(_) => vec![(0..hits.len()).collect()],
-            Connection::Cluster(_) => group_by_slot(hits),
-        };
         let charge = self.options.charge;
         let now = self.explicit_now();
+        let groups = match connection {
+            Connection::Single(_) => Vec::new(),
+            Connection::Cluster(_) => group_by_slot(hits),
+        };
+        // The whole request in one call (a single Redis, or every counter in one slot): the
+        // script applies the whole veto rule itself; no regrouping, no refund.
+        if groups.len() <= 1 {
+            let call = Call {
+                mode: Mode::Apply,
+                hits,
+                now,
+                charge,
+                complete: true,
+                expected: &[],
+            };
+            return Ok(connection.call(&call).await.map_err(unavailable)?.outcomes);
+        }
         let grouped: Vec<Vec<Hit>> = groups
             .iter()
             .map(|indices: &Vec<usize>| indices.iter().map(|&i| hits[i].clone()).collect())
             .collect();
-        let complete = grouped.len() == 1;
         let calls = grouped.iter().map(|group| {
             let call = Call {
                 mode: Mode::Apply,
                 hits: group,
                 now,
                 charge,
-                complete,
+                complete: false,
                 expected: &[],
             };
             async move { connection.call(&call).await }
@@ -254,8 +266,7 @@ impl RedisStore {
                 outcomes[index] = *outcome;
             }
         }
-        if !complete && charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
-        {
+        if charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed) {
             self.refund(connection, &groups, &grouped, &replies, &mut outcomes)
                 .await;
         }

@@ -48,6 +48,7 @@ pub mod pb;
 pub mod query;
 pub mod reload;
 pub mod rules;
+pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod shutdown;

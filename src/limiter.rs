@@ -124,7 +124,7 @@ impl RateLimiter {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
-        let mut hits = Vec::new();
+        let mut hits = Vec::with_capacity(request.descriptors.len());
         let resolved: Vec<Resolved<'_>> = request
             .descriptors
             .iter()

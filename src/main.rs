@@ -6,9 +6,12 @@ use clap::Parser;
 use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
 use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<ExitCode> {
+fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
+    tollgate::runtime::build()?.block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&cli.log_level, cli.log_format)?;
     match cli.command {
         Command::Serve(args) => serve(*args).await,

@@ -8,9 +8,9 @@
 //! most `max_detailed` distinct label sets: beyond that a hit counts under the rule's plain
 //! path, so cardinality stays bounded whatever clients send.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -32,15 +32,53 @@ struct PerLimit {
     shadow_mode: Family<Labels, Counter>,
 }
 
+/// One label set's five per-limit counters, each fetched from its family on first use (so a
+/// series appears only once it counts something) and held from then on.
+struct LimitCounters {
+    labels: Labels,
+    total_hits: OnceLock<Counter>,
+    over_limit: OnceLock<Counter>,
+    near_limit: OnceLock<Counter>,
+    within_limit: OnceLock<Counter>,
+    shadow_mode: OnceLock<Counter>,
+}
+
+impl LimitCounters {
+    fn new(labels: Labels) -> Self {
+        Self {
+            labels,
+            total_hits: OnceLock::new(),
+            over_limit: OnceLock::new(),
+            near_limit: OnceLock::new(),
+            within_limit: OnceLock::new(),
+            shadow_mode: OnceLock::new(),
+        }
+    }
+
+    fn add(&self, held: &OnceLock<Counter>, family: &Family<Labels, Counter>, hits: u64) {
+        held.get_or_init(|| family.get_or_create(&self.labels).clone())
+            .inc_by(hits);
+    }
+}
+
+/// Per domain, per rule path: the plain (no client value) label sets, found by borrowed
+/// strings so that counting a hit allocates nothing.
+type PlainCounters = HashMap<String, HashMap<String, Arc<LimitCounters>>>;
+
 pub struct Metrics {
     registry: Registry,
     per_limit: PerLimit,
+    plain: RwLock<PlainCounters>,
     /// Detailed (client-valued) label sets seen, bounded by `max_detailed`.
     detailed: Mutex<HashSet<(String, String)>>,
     max_detailed: usize,
     near_limit_ratio: f64,
-    pub requests: Family<Labels, Counter>,
-    pub decisions: Family<Labels, Counter>,
+    requests: Family<Labels, Counter>,
+    decisions: Family<Labels, Counter>,
+    /// The label sets nearly every request counts under, looked up once rather than per call.
+    requests_ok: Counter,
+    decisions_ok: Counter,
+    decisions_over: Counter,
     pub decision_seconds: Histogram,
     pub store_seconds: Histogram,
     pub store_errors: Family<Labels, Counter>,
@@ -95,11 +133,15 @@ impl Metrics {
         );
         let metrics = Self {
             per_limit,
+            plain: RwLock::new(HashMap::new()),
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
             near_limit_ratio,
             requests: Family::default(),
             decisions: Family::default(),
+            requests_ok: Counter::default(),
+            decisions_ok: Counter::default(),
+            decisions_over: Counter::default(),
             // 10 µs to ~5 s.
             decision_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
             store_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
@@ -111,7 +153,39 @@ impl Metrics {
             tokio_tasks: Gauge::default(),
             registry,
         };
-        metrics.register_service()
+        metrics.register_service().cache_common_labels()
+    }
+
+    fn cache_common_labels(self) -> Self {
+        let requests_ok = self.requests.get_or_create(&label("code", "Ok")).clone();
+        let decisions_ok = self.decisions.get_or_create(&label("overall", "OK")).clone();
+        let over = label("overall", "OVER_LIMIT");
+        let decisions_over = self.decisions.get_or_create(&over).clone();
+        Self {
+            requests_ok,
+            decisions_ok,
+            decisions_over,
+            ..self
+        }
+    }
+
+    /// One `ShouldRateLimit` call answered with `code`.
+    pub fn count_request(&self, code: tonic::Code) {
+        match code {
+            tonic::Code::Ok => self.requests_ok.inc(),
+            code => self
+                .requests
+                .get_or_create(&label("code", format!("{code:?}")))
+                .inc(),
+        };
+    }
+
+    /// One decision, by its overall code.
+    pub fn count_decision(&self, over_limit: bool) {
+        match over_limit {
+            false => self.decisions_ok.inc(),
+            true => self.decisions_over.inc(),
+        };
     }
 
     fn register_service(mut self) -> Self {
@@ -171,21 +245,41 @@ impl Metrics {
 
     /// Counts one limited descriptor.
     pub fn count(&self, hit: &LimitHit<'_>) {
-        let labels = self.labels(hit);
+        let counters = match &hit.detailed_path {
+            None => self.plain_counters(hit.domain, hit.path),
+            Some(_) => Arc::new(LimitCounters::new(self.labels(hit))),
+        };
         let per = &self.per_limit;
-        per.total_hits.get_or_create(&labels).inc_by(hit.hits);
+        counters.add(&counters.total_hits, &per.total_hits, hit.hits);
         if hit.allowed {
-            per.within_limit.get_or_create(&labels).inc_by(hit.hits);
+            counters.add(&counters.within_limit, &per.within_limit, hit.hits);
             let near = self.near_hits(hit);
             if near > 0 {
-                per.near_limit.get_or_create(&labels).inc_by(near);
+                counters.add(&counters.near_limit, &per.near_limit, near);
             }
         } else {
-            per.over_limit.get_or_create(&labels).inc_by(hit.hits);
+            counters.add(&counters.over_limit, &per.over_limit, hit.hits);
             if hit.shadow {
-                per.shadow_mode.get_or_create(&labels).inc_by(hit.hits);
+                counters.add(&counters.shadow_mode, &per.shadow_mode, hit.hits);
             }
         }
+    }
+
+    /// The held counters of a rule's plain path; their number is bounded by the config.
+    fn plain_counters(&self, domain: &str, path: &str) -> Arc<LimitCounters> {
+        let held = self.plain.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(counters) = held.get(domain).and_then(|paths| paths.get(path)) {
+            return Arc::clone(counters);
+        }
+        drop(held);
+        let labels = vec![("domain", domain.to_owned()), ("limit", path.to_owned())];
+        let mut held = self.plain.write().unwrap_or_else(PoisonError::into_inner);
+        let counters = held
+            .entry(domain.to_owned())
+            .or_default()
+            .entry(path.to_owned())
+            .or_insert_with(|| Arc::new(LimitCounters::new(labels)));
+        Arc::clone(counters)
     }
 
     /// Hits of an admitted call past the near-limit threshold, as the reference counts them.

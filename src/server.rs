@@ -116,14 +116,25 @@ pub fn grpc_router(
     >,
     max_request_bytes: usize,
 ) -> Router {
-    tonic::transport::Server::builder()
-        // Streams a client may have open on one connection: requests beyond wait on the
-        // client's side (HTTP/2 flow control) instead of piling up in this process.
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+    grpc_server()
         .add_service(health_service)
         .add_service(
             RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
         )
+}
+
+/// The gRPC server with tollgate's transport settings; shared with the null-handler server
+/// that benchmarks measure against (examples/null_server.rs), so both run the same transport.
+pub fn grpc_server() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        // Streams a client may have open on one connection: requests beyond wait on the
+        // client's side (HTTP/2 flow control) instead of piling up in this process.
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+}
+
+/// Accepted gRPC connections, without Nagle's delay: answers are small and latency-bound.
+pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// HTTP/2 streams per connection. Envoy opens few connections and multiplexes on them, so
@@ -181,7 +192,7 @@ pub async fn run(
             wait_for(stopped.clone()),
         )),
         None => tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            tcp_incoming(listeners.grpc),
             wait_for(stopped.clone()),
         )),
     };

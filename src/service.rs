@@ -14,7 +14,7 @@ use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
 use crate::limit::Unit;
 use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
-use crate::metrics::{self, Metrics};
+use crate::metrics::Metrics;
 use crate::pb::{self, rate_limit_response as rls};
 use crate::storage::StoreError;
 use crate::telemetry;
@@ -112,14 +112,8 @@ impl RlsService {
         };
         match decided {
             Ok(decision) => {
-                let overall = match decision.overall {
-                    Code::Ok => "OK",
-                    Code::OverLimit => "OVER_LIMIT",
-                };
                 self.metrics
-                    .decisions
-                    .get_or_create(&metrics::label("overall", overall))
-                    .inc();
+                    .count_decision(decision.overall == Code::OverLimit);
                 let headers = headers::headers(self.header_mode, &decision);
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
                 let mut response = encode(decision);
@@ -197,7 +191,9 @@ impl pb::RateLimitService for RlsService {
             descriptors = tracing::field::Empty,
             code = tracing::field::Empty,
         );
-        telemetry::continue_trace(&span, request.metadata());
+        if !span.is_disabled() {
+            telemetry::continue_trace(&span, request.metadata());
+        }
         let request = request.into_inner();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
@@ -212,10 +208,7 @@ impl pb::RateLimitService for RlsService {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
         };
-        self.metrics
-            .requests
-            .get_or_create(&metrics::label("code", format!("{code:?}")))
-            .inc();
+        self.metrics.count_request(code);
         let response = answer?;
         span.record("code", response.overall_code);
         Ok(Response::new(response))

@@ -99,12 +99,13 @@ pub struct Outcome {
     pub retry_after: Micros,
 }
 
-/// Stored state of one counter, whatever its algorithm.
+/// Stored state of one counter, whatever its algorithm. Kept to 32 bytes (the memory store
+/// holds a million of them): the sliding log's queue is boxed, being a heap buffer anyway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
     FixedWindow(fixed_window::State),
     SlidingWindow(sliding_window::State),
-    SlidingLog(sliding_log::State),
+    SlidingLog(Box<sliding_log::State>),
     TokenBucket(token_bucket::State),
     Gcra(gcra::State),
 }
@@ -176,12 +177,12 @@ pub fn decide(
     macro_rules! run {
         ($variant:ident, $module:ident($($parameter:expr),*)) => {{
             let previous = match state {
-                Some(State::$variant(stored)) => Some(stored),
+                Some(State::$variant(stored)) => Some(std::borrow::Borrow::borrow(stored)),
                 _ => None,
             };
             let (new, outcome) =
                 $module::decide(previous, now_in_ticks, n, w, $($parameter,)* hits, charge);
-            (new.map(State::$variant), outcome)
+            (new.map(Into::into).map(State::$variant), outcome)
         }};
     }
     let (state, in_ticks) = match params.algorithm {
@@ -231,3 +232,14 @@ pub(crate) fn to_u64(value: u128) -> u64 {
 
 #[cfg(test)]
 pub(crate) mod testing;
+
+#[cfg(test)]
+mod tests {
+    use super::State;
+
+    #[test]
+    fn a_stored_state_stays_small() {
+        // The memory store's bytes per counter (docs/performance.md) rest on this.
+        assert_eq!(std::mem::size_of::<State>(), 32);
+    }
+}

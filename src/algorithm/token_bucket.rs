@@ -9,10 +9,12 @@
 use super::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
-/// The bucket's level, in units of 1/`window` token, at `updated`.
+/// The bucket's level, in units of 1/`window` token, at `updated`. At most `burst × window`,
+/// which `Params::tick` keeps within 2^52, so it is stored in 64 bits (the arithmetic is in
+/// 128); were it ever larger, the stored level saturates, which only under-admits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct State {
-    pub level: u128,
+    pub level: u64,
     pub updated: Micros,
 }
 
@@ -33,7 +35,8 @@ pub fn decide(
     let level = match state {
         // A clock stepping back refills nothing.
         Some(state) => {
-            (state.level + u128::from(now.saturating_sub(state.updated)) * rate).min(capacity)
+            (u128::from(state.level) + u128::from(now.saturating_sub(state.updated)) * rate)
+                .min(capacity)
         }
         None => capacity,
     };
@@ -66,7 +69,7 @@ pub fn decide(
         retry_after,
     };
     let state = (consumed > 0).then_some(State {
-        level: level_after,
+        level: to_u64(level_after),
         updated,
     });
     (state, outcome)

@@ -42,28 +42,21 @@ pub enum EntryValue<'a> {
     Shared(&'a str),
 }
 
-/// Builds the key of one counter.
+/// Builds the key of one counter, in one allocation when the identity is inline: the prefix
+/// is written with a placeholder tag, the identity after it, and the tag (a hash of the
+/// identity) is filled in last.
 pub fn counter_key<'a>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'a str, EntryValue<'a>)>,
     params: &Params,
 ) -> CounterKey {
-    let mut identity = String::with_capacity(64);
-    push_part(&mut identity, 'd', domain);
-    for (key, value) in entries {
-        push_part(&mut identity, 'k', key);
-        match value {
-            EntryValue::Actual(value) => push_part(&mut identity, 'v', value),
-            EntryValue::Shared(pattern) => push_part(&mut identity, 's', pattern),
-        }
-    }
-    let tag = fnv1a64(identity.as_bytes());
-    let mut key = String::with_capacity(identity.len().min(MAX_INLINE_IDENTITY + 1) + 48);
-    let _ = write!(
-        key,
-        "tollgate:v1:{{{tag:016x}}}:{}",
-        params.algorithm.key_tag()
-    );
+    const PLACEHOLDER: &str = "0000000000000000";
+    let mut key = String::with_capacity(112);
+    key.push_str("tollgate:v1:{");
+    let tag_at = key.len();
+    key.push_str(PLACEHOLDER);
+    key.push_str("}:");
+    key.push_str(params.algorithm.key_tag());
     match params.tick() {
         Some(1) => {}
         tick => {
@@ -71,15 +64,38 @@ pub fn counter_key<'a>(
         }
     }
     let _ = write!(key, ":{}s:", params.window / MICROS_PER_SECOND);
-    if identity.len() > MAX_INLINE_IDENTITY {
+    let identity_at = key.len();
+    push_part(&mut key, 'd', domain);
+    for (entry_key, value) in entries {
+        push_part(&mut key, 'k', entry_key);
+        match value {
+            EntryValue::Actual(value) => push_part(&mut key, 'v', value),
+            EntryValue::Shared(pattern) => push_part(&mut key, 's', pattern),
+        }
+    }
+    let tag = hex16(fnv1a64(&key.as_bytes()[identity_at..]));
+    // The digits are ASCII, so the fallback is never taken.
+    let tag = std::str::from_utf8(&tag).unwrap_or(PLACEHOLDER);
+    key.replace_range(tag_at..tag_at + PLACEHOLDER.len(), tag);
+    if key.len() - identity_at > MAX_INLINE_IDENTITY {
+        let digest = Sha256::digest(&key.as_bytes()[identity_at..]);
+        key.truncate(identity_at);
         key.push('#');
-        for byte in Sha256::digest(identity.as_bytes()) {
+        for byte in digest {
             let _ = write!(key, "{byte:02x}");
         }
-    } else {
-        key.push_str(&identity);
     }
     CounterKey(key)
+}
+
+/// `value` as 16 lowercase hex digits, without allocating.
+fn hex16(value: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (index, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((value >> (60 - 4 * index)) & 0xf) as usize];
+    }
+    out
 }
 
 fn push_part(out: &mut String, marker: char, part: &str) {

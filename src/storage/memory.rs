@@ -6,12 +6,18 @@
 //! commits all or nothing while holding them: that is what makes a multi-descriptor request
 //! atomic here. Sharding keeps unrelated requests off each other's locks.
 //!
+//! Counters are held by a 128-bit keyed digest of their key, not the key itself: a key is
+//! 60 bytes or more, and at a million counters the digest keeps a counter near 100 bytes
+//! (docs/performance.md). The digest is SipHash under keys drawn at random per process, so
+//! clients cannot aim for a collision, and an accidental one among a billion counters has a
+//! probability below 10^-20.
+//!
 //! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters and
 //! evicts its least recently used one beyond that (an approximation of a global LRU, counted
 //! in `evictions`). Expired counters are swept in the background.
 
 use std::collections::hash_map::RandomState;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -33,15 +39,50 @@ const SHARDS: usize = 64;
 /// How often expired counters are removed.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
+/// A counter's identity in the map: two independent keyed 64-bit hashes of its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Digest(u64, u64);
+
+impl Hash for Digest {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Already a keyed hash: the map uses it as is (see `PassThrough`).
+        state.write_u64(self.1);
+    }
+}
+
+/// The map's hasher for `Digest`, which is already uniformly distributed and unpredictable.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `Digest` is hashed here, through `write_u64`; any other input still spreads.
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+type Shard = LruCache<Digest, Slot, BuildHasherDefault<PassThrough>>;
+
 struct Slot {
     state: State,
     expires_at: Micros,
 }
 
 pub struct MemoryStore {
-    shards: Box<[Mutex<LruCache<CounterKey, Slot>>]>,
+    shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
-    hasher: RandomState,
+    /// The two halves of the digest, keyed independently at random.
+    digest_keys: (RandomState, RandomState),
     charge: Charge,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
@@ -54,10 +95,10 @@ impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         Self {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(LruCache::unbounded()))
+                .map(|_| Mutex::new(LruCache::unbounded_with_hasher(BuildHasherDefault::default())))
                 .collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
-            hasher: RandomState::new(),
+            digest_keys: (RandomState::new(), RandomState::new()),
             charge,
             clock,
             evictions: AtomicU64::new(0),
@@ -111,44 +152,53 @@ impl MemoryStore {
         let now = self.clock.now();
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let expired: Vec<CounterKey> = shard
+            let expired: Vec<Digest> = shard
                 .iter()
                 .filter(|(_, slot)| slot.expires_at <= now)
-                .map(|(key, _)| key.clone())
+                .map(|(digest, _)| *digest)
                 .collect();
-            for key in expired {
-                shard.pop(&key);
+            for digest in expired {
+                shard.pop(&digest);
                 self.keys_metric.dec();
             }
         }
     }
 
-    fn shard_of(&self, key: &CounterKey) -> usize {
-        // Truncating the hash is fine: only its low bits pick the shard.
-        (self.hasher.hash_one(key) as usize) % SHARDS
+    fn digest(&self, key: &CounterKey) -> Digest {
+        let (first, second) = &self.digest_keys;
+        Digest(first.hash_one(key), second.hash_one(key))
+    }
+
+    fn shard_of(digest: Digest) -> usize {
+        // Truncating is fine: only the low bits pick the shard.
+        (digest.0 as usize) % SHARDS
     }
 
     /// Decides `hits` with every involved shard locked (see the module docs). The clock is
     /// read once the locks are held, so a counter's state never comes from a later instant
     /// than the decision's.
     fn apply_with(&self, hits: &[Hit], now: impl FnOnce() -> Micros) -> Vec<Outcome> {
-        let shard_of_hit: Vec<usize> = hits.iter().map(|hit| self.shard_of(&hit.key)).collect();
+        if let [hit] = hits {
+            return vec![self.apply_one(hit, now)];
+        }
+        let digests: Vec<Digest> = hits.iter().map(|hit| self.digest(&hit.key)).collect();
+        let shard_of_hit: Vec<usize> = digests.iter().map(|&d| Self::shard_of(d)).collect();
         let mut locked: Vec<usize> = shard_of_hit.clone();
         locked.sort_unstable();
         locked.dedup();
-        let mut guards: Vec<MutexGuard<'_, LruCache<CounterKey, Slot>>> = locked
+        let mut guards: Vec<MutexGuard<'_, Shard>> = locked
             .iter()
             .map(|&index| lock(&self.shards[index]))
             .collect();
         let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
         let now = now();
 
-        let stored: Vec<Option<State>> = hits
+        let stored: Vec<Option<State>> = digests
             .iter()
             .zip(&shard_of_hit)
-            .map(|(hit, &shard)| {
+            .map(|(digest, &shard)| {
                 guards[guard_of(shard)]
-                    .get(&hit.key)
+                    .get(digest)
                     .filter(|slot| slot.expires_at > now)
                     .map(|slot| slot.state.clone())
             })
@@ -159,23 +209,49 @@ impl MemoryStore {
         if veto {
             return unconsumed_outcomes(hits, &stored, &decisions, now);
         }
-        for ((hit, decision), &shard) in hits.iter().zip(&decisions).zip(&shard_of_hit) {
+        for ((digest, decision), &shard) in digests.iter().zip(&decisions).zip(&shard_of_hit) {
             if let Some(state) = &decision.state {
                 let slot = Slot {
                     state: state.clone(),
                     expires_at: decision.expires_at,
                 };
-                let shard = &mut guards[guard_of(shard)];
-                if shard.put(hit.key.clone(), slot).is_none() {
-                    self.keys_metric.inc();
-                }
-                self.evict_beyond_bound(shard);
+                self.store(&mut guards[guard_of(shard)], *digest, slot);
             }
         }
         decisions.iter().map(|decision| decision.outcome).collect()
     }
 
-    fn evict_beyond_bound(&self, shard: &mut LruCache<CounterKey, Slot>) {
+    /// `apply_with` for the common request of one counter: one lock, one map lookup, no
+    /// intermediate vectors. A lone hit vetoes only itself, and then consumes nothing.
+    fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Outcome {
+        let digest = self.digest(&hit.key);
+        let mut shard = lock(&self.shards[Self::shard_of(digest)]);
+        let now = now();
+        let mut slot = shard.get_mut(&digest);
+        let stored = slot
+            .as_deref()
+            .filter(|slot| slot.expires_at > now)
+            .map(|slot| &slot.state);
+        let decision = algorithm::decide(&hit.params, stored, now, hit.hits, self.charge);
+        let veto = self.charge == Charge::IfAllowed && vetoed(std::slice::from_ref(hit), |_| decision.outcome.allowed);
+        if let (false, Some(state)) = (veto, decision.state) {
+            let fresh = Slot {
+                state,
+                expires_at: decision.expires_at,
+            };
+            match slot.as_deref_mut() {
+                Some(slot) => *slot = fresh,
+                None => self.store(&mut shard, digest, fresh),
+            }
+        }
+        decision.outcome
+    }
+
+    /// Puts a counter into its (locked) shard, evicting beyond the bound.
+    fn store(&self, shard: &mut Shard, digest: Digest, slot: Slot) {
+        if shard.put(digest, slot).is_none() {
+            self.keys_metric.inc();
+        }
         while shard.len() > self.per_shard {
             shard.pop_lru();
             self.evictions.fetch_add(1, Ordering::Relaxed);

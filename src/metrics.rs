@@ -158,7 +158,10 @@ impl Metrics {
 
     fn cache_common_labels(self) -> Self {
         let requests_ok = self.requests.get_or_create(&label("code", "Ok")).clone();
-        let decisions_ok = self.decisions.get_or_create(&label("overall", "OK")).clone();
+        let decisions_ok = self
+            .decisions
+            .get_or_create(&label("overall", "OK"))
+            .clone();
         let over = label("overall", "OVER_LIMIT");
         let decisions_over = self.decisions.get_or_create(&over).clone();
         Self {

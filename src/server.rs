@@ -116,11 +116,9 @@ pub fn grpc_router(
     >,
     max_request_bytes: usize,
 ) -> Router {
-    grpc_server()
-        .add_service(health_service)
-        .add_service(
-            RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-        )
+    grpc_server().add_service(health_service).add_service(
+        RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
+    )
 }
 
 /// The gRPC server with tollgate's transport settings; shared with the null-handler server
@@ -186,16 +184,17 @@ pub async fn run(
 
     let (stop, stopped) = watch::channel(false);
     let router = grpc_router(service.clone(), health_service, options.max_request_bytes);
-    let mut grpc = match tls {
-        Some((files, config)) => tokio::spawn(router.serve_with_incoming_shutdown(
-            TlsIncoming::new(listeners.grpc, files, config),
-            wait_for(stopped.clone()),
-        )),
-        None => tokio::spawn(router.serve_with_incoming_shutdown(
-            tcp_incoming(listeners.grpc),
-            wait_for(stopped.clone()),
-        )),
-    };
+    let mut grpc =
+        match tls {
+            Some((files, config)) => tokio::spawn(router.serve_with_incoming_shutdown(
+                TlsIncoming::new(listeners.grpc, files, config),
+                wait_for(stopped.clone()),
+            )),
+            None => tokio::spawn(router.serve_with_incoming_shutdown(
+                tcp_incoming(listeners.grpc),
+                wait_for(stopped.clone()),
+            )),
+        };
     let admin = crate::admin::router(
         service,
         limiter,

@@ -34,10 +34,9 @@ pub fn decide(
     let capacity = u128::from(burst) * token;
     let level = match state {
         // A clock stepping back refills nothing.
-        Some(state) => {
-            (u128::from(state.level) + u128::from(now.saturating_sub(state.updated)) * rate)
-                .min(capacity)
-        }
+        Some(state) => (u128::from(state.level)
+            + u128::from(now.saturating_sub(state.updated)) * rate)
+            .min(capacity),
         None => capacity,
     };
     let updated = state.map_or(now, |state| state.updated.max(now));

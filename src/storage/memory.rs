@@ -95,7 +95,11 @@ impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         Self {
             shards: (0..SHARDS)
-                .map(|_| Mutex::new(LruCache::unbounded_with_hasher(BuildHasherDefault::default())))
+                .map(|_| {
+                    Mutex::new(LruCache::unbounded_with_hasher(
+                        BuildHasherDefault::default(),
+                    ))
+                })
                 .collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
             digest_keys: (RandomState::new(), RandomState::new()),
@@ -227,19 +231,20 @@ impl MemoryStore {
         let digest = self.digest(&hit.key);
         let mut shard = lock(&self.shards[Self::shard_of(digest)]);
         let now = now();
-        let mut slot = shard.get_mut(&digest);
+        let slot = shard.get_mut(&digest);
         let stored = slot
             .as_deref()
             .filter(|slot| slot.expires_at > now)
             .map(|slot| &slot.state);
         let decision = algorithm::decide(&hit.params, stored, now, hit.hits, self.charge);
-        let veto = self.charge == Charge::IfAllowed && vetoed(std::slice::from_ref(hit), |_| decision.outcome.allowed);
+        let veto = self.charge == Charge::IfAllowed
+            && vetoed(std::slice::from_ref(hit), |_| decision.outcome.allowed);
         if let (false, Some(state)) = (veto, decision.state) {
             let fresh = Slot {
                 state,
                 expires_at: decision.expires_at,
             };
-            match slot.as_deref_mut() {
+            match slot {
                 Some(slot) => *slot = fresh,
                 None => self.store(&mut shard, digest, fresh),
             }

@@ -127,6 +127,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_DENY_CACHE_SIZE", default_value_t = 100_000)]
     pub deny_cache_size: usize,
 
+    /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
+    /// over.
+    #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub redis_connections: u16,
+
     /// Most counters the memory store keeps; beyond it the least recently used are evicted.
     #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub memory_max_keys: usize,
@@ -356,6 +361,7 @@ impl ServeArgs {
             charge: self.charge(),
             timeout: self.store_timeout,
             deny_cache_size: self.deny_cache_size,
+            redis_connections: usize::from(self.redis_connections),
         }
     }
 

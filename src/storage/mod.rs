@@ -94,6 +94,8 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// Counters the local deny cache of a remote store remembers (0: off).
     pub deny_cache_size: usize,
+    /// Connections to Redis (per node, on a cluster).
+    pub redis_connections: usize,
 }
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
@@ -116,6 +118,7 @@ pub fn build_store(
                     charge: options.charge,
                     timeout: options.timeout,
                     clock: None,
+                    connections: options.redis_connections,
                 },
             );
             remote_stack(store, options, Arc::new(SystemClock), metrics)

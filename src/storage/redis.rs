@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -123,6 +124,8 @@ pub struct RedisOptions {
     pub timeout: Duration,
     /// Explicit time passed to the script (tests); `None`: Redis `TIME`.
     pub clock: Option<Arc<dyn Clock>>,
+    /// Multiplexed connections (per node, on a cluster) that calls are spread over.
+    pub connections: usize,
 }
 
 #[derive(Clone)]
@@ -167,7 +170,9 @@ impl Connection {
 }
 
 pub struct RedisStore {
-    connection: Arc<OnceLock<Connection>>,
+    /// Set once every connection is up; calls take them in turn.
+    connections: Arc<OnceLock<Box<[Connection]>>>,
+    next: AtomicUsize,
     options: RedisOptions,
 }
 
@@ -182,18 +187,20 @@ impl RedisStore {
         // error only means one is installed already.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let store = Arc::new(Self {
-            connection: Arc::new(OnceLock::new()),
+            connections: Arc::new(OnceLock::new()),
+            next: AtomicUsize::new(0),
             options,
         });
-        let slot = Arc::clone(&store.connection);
+        let slot = Arc::clone(&store.connections);
         let timeout = store.options.timeout;
+        let count = store.options.connections.max(1);
         tokio::spawn(async move {
             let mut wait = CONNECT_BACKOFF.0;
             loop {
-                match connect(&spec, timeout).await {
-                    Ok(connection) => {
-                        tracing::info!(?spec, "connected to Redis");
-                        let _ = slot.set(connection);
+                match connect_all(&spec, timeout, count).await {
+                    Ok(connections) => {
+                        tracing::info!(?spec, connections = count, "connected to Redis");
+                        let _ = slot.set(connections);
                         return;
                     }
                     Err(error) => {
@@ -208,9 +215,14 @@ impl RedisStore {
     }
 
     fn connection(&self) -> Result<&Connection, StoreError> {
-        self.connection
+        let connections = self
+            .connections
             .get()
-            .ok_or_else(|| StoreError::Unavailable("not connected to Redis yet".into()))
+            .ok_or_else(|| StoreError::Unavailable("not connected to Redis yet".into()))?;
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % connections.len().max(1);
+        connections
+            .get(turn)
+            .ok_or_else(|| StoreError::Unavailable("no Redis connection".into()))
     }
 
     fn explicit_now(&self) -> Option<Micros> {
@@ -375,6 +387,20 @@ fn group_by_slot(hits: &[Hit]) -> Vec<Vec<usize>> {
 
 fn unavailable(error: RedisError) -> StoreError {
     StoreError::Unavailable(error.to_string())
+}
+
+/// `count` independent connections: on one multiplexed connection a single task writes and
+/// reads every call, which caps throughput before Redis does (docs/performance.md).
+async fn connect_all(
+    spec: &RedisSpec,
+    timeout: Duration,
+    count: usize,
+) -> Result<Box<[Connection]>, RedisError> {
+    let mut connections = Vec::with_capacity(count);
+    for _ in 0..count {
+        connections.push(connect(spec, timeout).await?);
+    }
+    Ok(connections.into_boxed_slice())
 }
 
 async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, RedisError> {

@@ -134,12 +134,14 @@ pub fn redis_store(
             charge,
             timeout,
             clock: Some(Arc::new(clock.clone())),
+            connections: 2,
         },
     );
     let options = StoreOptions {
         charge,
         timeout,
         deny_cache_size: 1_000,
+        redis_connections: 2,
     };
     remote_stack(store, options, Arc::new(clock.clone()), metrics)
 }

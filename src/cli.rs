@@ -128,8 +128,9 @@ pub struct ServeArgs {
     pub deny_cache_size: usize,
 
     /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
-    /// over.
-    #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// over. One keeps a single-threaded Redis busy; with Redis `io-threads N`, use N, since
+    /// Redis spreads connections, not calls, over its threads.
+    #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub redis_connections: u16,
 
     /// Most counters the memory store keeps; beyond it the least recently used are evicted.

@@ -119,8 +119,12 @@ impl RateLimiter {
         self.rules.load_full()
     }
 
-    #[tracing::instrument(name = "decide", skip_all, fields(descriptors = request.descriptors.len()))]
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {
+        let span = crate::request_span!("decide", descriptors = request.descriptors.len());
+        self.decide(request).instrument(span).await
+    }
+
+    async fn decide(&self, request: &Request) -> Result<Decision, StoreError> {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
@@ -141,7 +145,7 @@ impl RateLimiter {
             let applied = self
                 .store
                 .apply(&hits)
-                .instrument(tracing::info_span!("store", counters = hits.len()))
+                .instrument(crate::request_span!("store", counters = hits.len()))
                 .await;
             self.metrics
                 .store_seconds

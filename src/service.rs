@@ -185,7 +185,7 @@ impl pb::RateLimitService for RlsService {
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
         let deadline = grpc_timeout(request.metadata());
         // The caller's trace context must be set before the span is first entered.
-        let span = tracing::info_span!(
+        let span = crate::request_span!(
             "should_rate_limit",
             domain = tracing::field::Empty,
             descriptors = tracing::field::Empty,

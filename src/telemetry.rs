@@ -6,6 +6,8 @@
 //! `tollgate`). A W3C `traceparent` in the gRPC metadata makes the request's span a child of
 //! the caller's (Envoy's), so traces continue across the hop.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
@@ -100,12 +102,36 @@ pub fn provider(
         .build()
 }
 
-/// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`.
+/// The `tracing` layer that turns spans into OpenTelemetry spans of `provider`. Building it
+/// turns on the request spans (see `traced`).
 pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
 where
     S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
 {
+    TRACED.store(true, Ordering::Relaxed);
     tracing_opentelemetry::layer().with_tracer(provider.tracer("tollgate"))
+}
+
+static TRACED: AtomicBool = AtomicBool::new(false);
+
+/// Whether request spans go anywhere. Only traces use them: log lines carry their own
+/// fields. Without an exporter the spans are not made at all, because at the default log
+/// level the log layer would otherwise build and format three spans per request (about a
+/// tenth of a decision's CPU, docs/performance.md).
+pub fn traced() -> bool {
+    TRACED.load(Ordering::Relaxed)
+}
+
+/// An `info` span when traces are exported, else the disabled span (free to enter).
+#[macro_export]
+macro_rules! request_span {
+    ($($span:tt)*) => {
+        if $crate::telemetry::traced() {
+            tracing::info_span!($($span)*)
+        } else {
+            tracing::Span::none()
+        }
+    };
 }
 
 /// Makes `span` a child of the W3C trace context (`traceparent`, `tracestate`) in `metadata`,

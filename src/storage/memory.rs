@@ -7,7 +7,7 @@
 //! atomic here. Sharding keeps unrelated requests off each other's locks.
 //!
 //! Counters are held by a 128-bit keyed digest of their key, not the key itself: a key is
-//! 60 bytes or more, and at a million counters the digest keeps a counter near 100 bytes
+//! 60 bytes or more, and with the digest a counter costs about 130 bytes at a million
 //! (docs/performance.md). The digest is SipHash under keys drawn at random per process, so
 //! clients cannot aim for a collision, and an accidental one among a billion counters has a
 //! probability below 10^-20.

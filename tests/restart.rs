@@ -1,5 +1,9 @@
 //! Restarts under load: a replica restarted during a burst loses nothing (its counters live
 //! in Redis), and SIGTERM drops no request sent before it.
+//!
+//! The restart is a rolling one (SIGTERM, drain, start again). A SIGKILL can lose the answer
+//! to a hit Redis has already counted, which under-admits by the calls then in flight; no
+//! design can avoid that, so the exact count is asserted for the graceful restart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -35,7 +39,7 @@ async fn a_replica_restarted_during_a_burst_keeps_the_limit_exact() {
     let config = config_dir(&[("r.yaml", LIMITS)]);
     let flags = ["--store", store.as_str(), "--store-timeout", "5s"];
     let first = Replica::spawn(config.path(), &flags);
-    let mut second = Replica::spawn(config.path(), &flags);
+    let second = Replica::spawn(config.path(), &flags);
     first.wait_ready().await;
     second.wait_ready().await;
     let channels = [channel(first.grpc), channel(second.grpc)];
@@ -66,9 +70,9 @@ async fn a_replica_restarted_during_a_burst_keeps_the_limit_exact() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let port = second.grpc;
-    drop(second);
+    second.terminate().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    second = Replica::spawn_on(config.path(), port, &flags);
+    let second = Replica::spawn_on(config.path(), port, &flags);
     second.wait_ready().await;
     for worker in workers {
         worker.await.unwrap();

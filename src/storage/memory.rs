@@ -13,11 +13,12 @@
 //! probability below 10^-20.
 //!
 //! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters and
-//! evicts beyond that (counted in `evictions`) by second chance, an approximation of LRU: a
-//! counter is queued by insertion, a use only marks it, and a marked counter reaching the
-//! end of the queue is unmarked and requeued instead of evicted. Moving a counter to the
-//! front on every use would touch its two neighbours, two cache misses per decision at a
-//! million counters. Expired counters are swept in the background.
+//! evicts beyond that (counted in `evictions`) by CLOCK, an approximation of LRU: a use only
+//! marks a counter, and a hand sweeping the shard's entries unmarks marked counters and evicts
+//! the first unmarked one. The shard is an `IndexMap`, its entries one contiguous array: no
+//! allocation per counter and no list links to update per use (an LRU list costs two cache
+//! misses per decision at a million counters), and the background sweep of expired counters
+//! reads memory in order instead of chasing pointers under the shard's lock.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
@@ -25,7 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use lru::LruCache;
+use indexmap::IndexMap;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -74,12 +75,17 @@ impl Hasher for PassThrough {
     }
 }
 
-type Shard = LruCache<Digest, Slot, BuildHasherDefault<PassThrough>>;
+/// One shard: its counters, and the CLOCK hand (an index into them) for eviction.
+#[derive(Default)]
+struct Shard {
+    counters: IndexMap<Digest, Slot, BuildHasherDefault<PassThrough>>,
+    hand: usize,
+}
 
 struct Slot {
     state: State,
     /// When the state may be forgotten, in µs, with `USED` (a bit no instant reaches before
-    /// the year 30000) marking a use since the counter last reached the end of the queue:
+    /// the year 30000) marking a use since the CLOCK hand last passed the counter:
     /// a separate flag would cost 8 bytes per counter in padding.
     stamp: Micros,
 }
@@ -126,13 +132,7 @@ pub struct MemoryStore {
 impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         Self {
-            shards: (0..SHARDS)
-                .map(|_| {
-                    Mutex::new(LruCache::unbounded_with_hasher(
-                        BuildHasherDefault::default(),
-                    ))
-                })
-                .collect(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
             digest_keys: (RandomState::new(), RandomState::new()),
             charge,
@@ -171,7 +171,10 @@ impl MemoryStore {
 
     /// Number of counters held.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|shard| lock(shard).len()).sum()
+        self.shards
+            .iter()
+            .map(|shard| lock(shard).counters.len())
+            .sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -188,15 +191,10 @@ impl MemoryStore {
         let now = self.clock.now();
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let expired: Vec<Digest> = shard
-                .iter()
-                .filter(|(_, slot)| slot.expires_at() <= now)
-                .map(|(digest, _)| *digest)
-                .collect();
-            for digest in expired {
-                shard.pop(&digest);
-                self.keys_metric.dec();
-            }
+            let held = shard.counters.len();
+            shard.counters.retain(|_, slot| slot.expires_at() > now);
+            let swept = held - shard.counters.len();
+            self.keys_metric.dec_by(i64::try_from(swept).unwrap_or(i64::MAX));
         }
     }
 
@@ -233,7 +231,7 @@ impl MemoryStore {
             .iter()
             .zip(&shard_of_hit)
             .map(|(digest, &shard)| {
-                let slot = guards[guard_of(shard)].peek_mut(digest)?;
+                let slot = guards[guard_of(shard)].counters.get_mut(digest)?;
                 slot.mark_used();
                 (slot.expires_at() > now).then(|| slot.state.clone())
             })
@@ -259,7 +257,7 @@ impl MemoryStore {
         let digest = self.digest(&hit.key);
         let mut shard = lock(&self.shards[Self::shard_of(digest)]);
         let now = now();
-        let mut slot = shard.peek_mut(&digest);
+        let mut slot = shard.counters.get_mut(&digest);
         if let Some(slot) = slot.as_deref_mut() {
             slot.mark_used();
         }
@@ -284,29 +282,34 @@ impl MemoryStore {
         decision.outcome
     }
 
-    /// Puts a counter into its (locked) shard, evicting beyond the bound by second chance.
-    /// Each pass unmarks a counter or evicts one, so it ends within twice the shard's size.
+    /// Puts a counter into its (locked) shard, evicting beyond the bound by CLOCK. Each step
+    /// unmarks a counter or evicts one, so it ends within one turn of the hand plus one.
     fn store(&self, shard: &mut Shard, digest: Digest, slot: Slot) {
-        match shard.peek_mut(&digest) {
+        match shard.counters.get_mut(&digest) {
             Some(held) => {
                 *held = slot;
                 held.mark_used();
                 return;
             }
             None => {
-                shard.put(digest, slot);
+                shard.counters.insert(digest, slot);
                 self.keys_metric.inc();
             }
         }
-        while shard.len() > self.per_shard {
-            let Some((&oldest, _)) = shard.peek_lru() else {
-                return;
-            };
-            let used = shard.peek_mut(&oldest).is_some_and(Slot::take_used);
+        while shard.counters.len() > self.per_shard {
+            if shard.hand >= shard.counters.len() {
+                shard.hand = 0;
+            }
+            let hand = shard.hand;
+            let used = shard
+                .counters
+                .get_index_mut(hand)
+                .is_some_and(|(_, slot)| slot.take_used());
             if used {
-                shard.promote(&oldest);
+                shard.hand += 1;
             } else {
-                shard.pop_lru();
+                // The last counter moves into the hole, and the hand looks at it next.
+                shard.counters.swap_remove_index(hand);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 self.evictions_metric.inc();
                 self.keys_metric.dec();
@@ -537,13 +540,24 @@ mod tests {
 
     #[test]
     fn sweep_removes_expired_counters_only() {
+        let metrics = Metrics::default();
         let (store, clock) = store(100, Charge::IfAllowed);
+        let store = store.with_metrics(&metrics);
         store.apply_now(&[hit("a", 5, 1, Role::Enforced)], clock.now());
+        // "a" lives until the end of its minute, "b" until the end of the next one.
+        clock.advance(61 * MICROS_PER_SECOND);
+        store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
+        assert_eq!(metrics.memory_keys.get(), 2);
         clock.advance(30 * MICROS_PER_SECOND);
         store.sweep();
         assert_eq!(store.len(), 1);
-        clock.advance(31 * MICROS_PER_SECOND);
+        assert_eq!(metrics.memory_keys.get(), 1);
+        // The survivor is the later counter, with its hit still counted.
+        let b = store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
+        assert_eq!(remaining(&b), [(true, 3)]);
+        clock.advance(30 * MICROS_PER_SECOND);
         store.sweep();
         assert_eq!(store.len(), 0);
+        assert_eq!(metrics.memory_keys.get(), 0);
     }
 }

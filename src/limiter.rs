@@ -8,7 +8,6 @@
 //! modes as the reference computes them).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tracing::Instrument;
@@ -125,7 +124,7 @@ impl RateLimiter {
     }
 
     async fn decide(&self, request: &Request) -> Result<Decision, StoreError> {
-        let rules = self.rules.load_full();
+        let rules = self.rules.load();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
         let mut hits = Vec::with_capacity(request.descriptors.len());
@@ -141,15 +140,11 @@ impl RateLimiter {
         let outcomes = if hits.is_empty() {
             Vec::new()
         } else {
-            let started = Instant::now();
             let applied = self
                 .store
                 .apply(&hits)
                 .instrument(crate::request_span!("store", counters = hits.len()))
                 .await;
-            self.metrics
-                .store_seconds
-                .observe(started.elapsed().as_secs_f64());
             let outcomes = applied.inspect_err(|error| {
                 self.metrics
                     .store_errors

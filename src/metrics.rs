@@ -10,9 +10,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -62,13 +63,15 @@ impl LimitCounters {
 }
 
 /// Per domain, per rule path: the plain (no client value) label sets, found by borrowed
-/// strings so that counting a hit allocates nothing.
+/// strings so that counting a hit allocates nothing. Behind an `ArcSwap`, because every
+/// limited descriptor reads it and new paths are rare: a read takes no lock and writes no
+/// shared memory (a `RwLock` would bounce its reader count between cores on every call).
 type PlainCounters = HashMap<String, HashMap<String, Arc<LimitCounters>>>;
 
 pub struct Metrics {
     registry: Registry,
     per_limit: PerLimit,
-    plain: RwLock<PlainCounters>,
+    plain: ArcSwap<PlainCounters>,
     /// Detailed (client-valued) label sets seen, bounded by `max_detailed`.
     detailed: Mutex<HashSet<(String, String)>>,
     max_detailed: usize,
@@ -133,7 +136,7 @@ impl Metrics {
         );
         let metrics = Self {
             per_limit,
-            plain: RwLock::new(HashMap::new()),
+            plain: ArcSwap::default(),
             detailed: Mutex::new(HashSet::new()),
             max_detailed,
             near_limit_ratio,
@@ -210,7 +213,7 @@ impl Metrics {
         );
         r.register(
             "store_duration_seconds",
-            "Time of one store call",
+            "Time of one call to a remote store (Redis, Redis Cluster)",
             self.store_seconds.clone(),
         );
         r.register(
@@ -248,10 +251,19 @@ impl Metrics {
 
     /// Counts one limited descriptor.
     pub fn count(&self, hit: &LimitHit<'_>) {
-        let counters = match &hit.detailed_path {
-            None => self.plain_counters(hit.domain, hit.path),
-            Some(_) => Arc::new(LimitCounters::new(self.labels(hit))),
-        };
+        match &hit.detailed_path {
+            None => {
+                let held = self.plain.load();
+                match held.get(hit.domain).and_then(|paths| paths.get(hit.path)) {
+                    Some(counters) => self.add(counters, hit),
+                    None => self.add(&self.hold_plain(hit.domain, hit.path), hit),
+                }
+            }
+            Some(_) => self.add(&LimitCounters::new(self.labels(hit)), hit),
+        }
+    }
+
+    fn add(&self, counters: &LimitCounters, hit: &LimitHit<'_>) {
         let per = &self.per_limit;
         counters.add(&counters.total_hits, &per.total_hits, hit.hits);
         if hit.allowed {
@@ -268,21 +280,25 @@ impl Metrics {
         }
     }
 
-    /// The held counters of a rule's plain path; their number is bounded by the config.
-    fn plain_counters(&self, domain: &str, path: &str) -> Arc<LimitCounters> {
-        let held = self.plain.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(counters) = held.get(domain).and_then(|paths| paths.get(path)) {
-            return Arc::clone(counters);
-        }
-        drop(held);
-        let labels = vec![("domain", domain.to_owned()), ("limit", path.to_owned())];
-        let mut held = self.plain.write().unwrap_or_else(PoisonError::into_inner);
-        let counters = held
-            .entry(domain.to_owned())
-            .or_default()
-            .entry(path.to_owned())
-            .or_insert_with(|| Arc::new(LimitCounters::new(labels)));
-        Arc::clone(counters)
+    /// Holds the counters of a rule's plain path from now on (their number is bounded by the
+    /// config), keeping the ones another call may have added meanwhile.
+    fn hold_plain(&self, domain: &str, path: &str) -> Arc<LimitCounters> {
+        let fresh = Arc::new(LimitCounters::new(vec![
+            ("domain", domain.to_owned()),
+            ("limit", path.to_owned()),
+        ]));
+        let mut held = None;
+        self.plain.rcu(|current| {
+            let mut next = PlainCounters::clone(current);
+            let counters = next
+                .entry(domain.to_owned())
+                .or_default()
+                .entry(path.to_owned())
+                .or_insert_with(|| Arc::clone(&fresh));
+            held = Some(Arc::clone(counters));
+            next
+        });
+        held.unwrap_or(fresh)
     }
 
     /// Hits of an admitted call past the near-limit threshold, as the reference counts them.

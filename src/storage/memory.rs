@@ -194,7 +194,8 @@ impl MemoryStore {
             let held = shard.counters.len();
             shard.counters.retain(|_, slot| slot.expires_at() > now);
             let swept = held - shard.counters.len();
-            self.keys_metric.dec_by(i64::try_from(swept).unwrap_or(i64::MAX));
+            self.keys_metric
+                .dec_by(i64::try_from(swept).unwrap_or(i64::MAX));
         }
     }
 

@@ -135,7 +135,11 @@ pub fn remote_stack(
     clock: Arc<dyn crate::clock::Clock>,
     metrics: &Metrics,
 ) -> Arc<dyn CounterStore> {
-    let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(store, options.timeout));
+    let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
+        store,
+        options.timeout,
+        metrics.store_seconds.clone(),
+    ));
     if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
         Arc::new(
             deny_cache::DenyCached::new(guarded, options.deny_cache_size, clock)

@@ -492,10 +492,22 @@ impl Replica {
     pub async fn terminate(mut self) {
         let pid = self.process.0.id().to_string();
         let sent = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(sent.is_ok_and(|status| status.success()), "kill -TERM {pid}");
+        assert!(
+            sent.is_ok_and(|status| status.success()),
+            "kill -TERM {pid}"
+        );
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while self.process.0.try_wait().expect("wait for tollgate").is_none() {
-            assert!(std::time::Instant::now() < deadline, "tollgate {pid} ignored SIGTERM");
+        while self
+            .process
+            .0
+            .try_wait()
+            .expect("wait for tollgate")
+            .is_none()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tollgate {pid} ignored SIGTERM"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }

@@ -4,13 +4,15 @@
 //!
 //! `cargo run --release --example null_server -- 127.0.0.1:8091 [--per-core]`
 //!
-//! `--per-core` serves on one current-thread runtime per core instead, each accepting on its
-//! own `SO_REUSEPORT` listener: the design tollgate's runtime was measured against.
+//! `--per-core` serves on one current-thread runtime per core instead, connections dealt out
+//! in turn, as `tollgate serve --runtime per-core` does (src/runtime.rs).
 
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tollgate::pb::{self, RateLimitServiceServer, rate_limit_response as rls};
+use tollgate::runtime::{self, Flavor};
 use tonic::{Request, Response, Status};
 
 struct NullHandler;
@@ -35,14 +37,6 @@ impl pb::RateLimitService for NullHandler {
     }
 }
 
-async fn serve(listener: TcpListener) -> anyhow::Result<()> {
-    tollgate::server::grpc_server()
-        .add_service(RateLimitServiceServer::new(NullHandler))
-        .serve_with_incoming(tollgate::server::tcp_incoming(listener))
-        .await?;
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let addr: SocketAddr = args
@@ -50,42 +44,31 @@ fn main() -> anyhow::Result<()> {
         .find(|arg| !arg.starts_with("--"))
         .map_or("127.0.0.1:8091", String::as_str)
         .parse()?;
-    if args.iter().any(|arg| arg == "--per-core") {
-        return per_core(addr);
-    }
-    tollgate::runtime::build()?.block_on(async {
+    let flavor = if args.iter().any(|arg| arg == "--per-core") {
+        Flavor::PerCore
+    } else {
+        Flavor::MultiThread
+    };
+    flavor.build()?.block_on(async {
         let listener = TcpListener::bind(addr).await?;
-        eprintln!("null handler listening on {addr}");
-        serve(listener).await
+        eprintln!("null handler listening on {addr} ({flavor:?})");
+        let router =
+            tollgate::server::grpc_server().add_service(RateLimitServiceServer::new(NullHandler));
+        // Never stopped: the benchmark kills the process.
+        let (_stop, stopped) = watch::channel(false);
+        match flavor {
+            Flavor::MultiThread => {
+                router
+                    .serve_with_incoming_shutdown(
+                        tollgate::server::tcp_incoming(listener),
+                        runtime::wait_for(stopped),
+                    )
+                    .await?
+            }
+            Flavor::PerCore => {
+                runtime::serve_grpc(router, listener, flavor.grpc_runtimes(), stopped).await?
+            }
+        }
+        Ok(())
     })
-}
-
-/// One current-thread runtime per core, each with its own listener on the same port.
-fn per_core(addr: SocketAddr) -> anyhow::Result<()> {
-    let cores = std::thread::available_parallelism()?.get();
-    eprintln!("null handler listening on {addr}, {cores} current-thread runtimes");
-    let threads: Vec<_> = (0..cores)
-        .map(|_| {
-            std::thread::spawn(move || -> anyhow::Result<()> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    let socket = match addr {
-                        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
-                        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
-                    };
-                    socket.set_reuseport(true)?;
-                    socket.bind(addr)?;
-                    serve(socket.listen(1024)?).await
-                })
-            })
-        })
-        .collect();
-    for thread in threads {
-        thread
-            .join()
-            .map_err(|_| anyhow::anyhow!("a runtime thread panicked"))??;
-    }
-    Ok(())
 }

@@ -14,6 +14,7 @@ use crate::headers::HeaderMode;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
 use crate::reload::ReloadOptions;
+use crate::runtime::Flavor;
 use crate::server::Options;
 use crate::service::OnStoreError;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
@@ -185,6 +186,12 @@ pub struct ServeArgs {
     /// Longest wait for in-flight calls to finish on shutdown.
     #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+
+    /// How gRPC connections are spread over cores: multi-thread (tokio's work-stealing
+    /// runtime) or per-core (one single-threaded runtime per core, each serving the
+    /// connections dealt to it in turn; not with TLS). See docs/performance.md.
+    #[arg(long, env = "TOLLGATE_RUNTIME", value_enum, default_value_t = Flavor::default())]
+    pub runtime: Flavor,
 }
 
 /// Input bounds (requests over a bound get INVALID_ARGUMENT).
@@ -392,6 +399,7 @@ impl ServeArgs {
             on_store_error: self.on_store_error,
             max_in_flight: self.max_in_flight,
             max_queue_time: self.max_queue_time,
+            runtime: self.runtime,
             response_headers: self.response_headers,
             dynamic_metadata: self.dynamic_metadata,
             tls: self

@@ -4,11 +4,16 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
+use tollgate::runtime::Flavor;
 use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    tollgate::runtime::build()?.block_on(run(cli))
+    let flavor = match &cli.command {
+        Command::Serve(args) => args.runtime,
+        _ => Flavor::MultiThread,
+    };
+    flavor.build()?.block_on(run(cli))
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -1,17 +1,173 @@
-//! The tokio runtime tollgate serves on, shared with the benchmarks' null-handler server so
+//! The tokio runtimes tollgate serves on, shared with the benchmarks' null-handler server so
 //! that both are measured on the same settings.
 //!
-//! The default multi-threaded runtime, one worker per core (`TOKIO_WORKER_THREADS` overrides
-//! it). Measured against one current-thread runtime per core, each accepting on its own
-//! `SO_REUSEPORT` listener (examples/null_server.rs `--per-core`), the per-core design served
-//! the same load with about a third less CPU per request (docs/performance.md). It is not
-//! adopted yet: with few long-lived HTTP/2 connections, as Envoy opens, the kernel's
-//! connection hashing can put them all on one core, which a per-core runtime cannot undo and
-//! the work-stealing scheduler does not suffer from; tollgate's own per-core variant, with
-//! its shared store and background tasks, has not been measured.
+//! Two flavours (`--runtime`):
+//! - `multi-thread`: tokio's work-stealing runtime, one worker per core
+//!   (`TOKIO_WORKER_THREADS` overrides it). Every task may run on any core.
+//! - `per-core`: one current-thread runtime per core. The main one runs everything else
+//!   (admin listener, reloads, probes, the store's background tasks); gRPC connections are
+//!   accepted there and dealt out in turn to every runtime, which then serves each connection
+//!   alone: its requests never cross cores, so no work-stealing, fewer wake-ups across
+//!   threads, and no cache lines bouncing for the connection's state. Dealing in turn, not
+//!   `SO_REUSEPORT`, because Envoy opens few long-lived connections and the kernel's hash of
+//!   two of them can land both on one core. The cost: a connection cannot move when its core
+//!   is busy, so a single busy connection uses one core.
+//!
+//! docs/performance.md compares the two.
 
-pub fn build() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+use std::future::Future;
+use std::io;
+use std::net::TcpStream as StdTcpStream;
+use std::time::Duration;
+
+use futures_util::stream::{self, Stream};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::{Builder, Runtime};
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::transport::server::Router;
+
+use crate::server::ServerError;
+
+/// How requests are spread over cores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavor {
+    #[default]
+    MultiThread,
+    PerCore,
+}
+
+impl Flavor {
+    /// The main runtime: the one `main` blocks on.
+    pub fn build(self) -> io::Result<Runtime> {
+        match self {
+            Flavor::MultiThread => Builder::new_multi_thread().enable_all().build(),
+            Flavor::PerCore => Builder::new_current_thread().enable_all().build(),
+        }
+    }
+
+    /// How many runtimes serve gRPC connections, the main one included.
+    pub fn grpc_runtimes(self) -> usize {
+        match self {
+            Flavor::MultiThread => 1,
+            Flavor::PerCore => std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+}
+
+/// Resolves once `stopped` turns true (or its sender is gone, which also means stop).
+pub async fn wait_for(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|stop| *stop).await;
+}
+
+/// Serves `router` on `listener` across `runtimes` runtimes (this one and `runtimes - 1`
+/// current-thread runtimes on threads of their own) until `stopped`, then lets every
+/// runtime drain its connections. Returns when all have.
+pub async fn serve_grpc(
+    router: Router,
+    listener: TcpListener,
+    runtimes: usize,
+    stopped: watch::Receiver<bool>,
+) -> Result<(), ServerError> {
+    let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..runtimes.max(1))
+        .map(|_| mpsc::unbounded_channel())
+        .unzip();
+    let here = receivers.remove(0);
+    let mut others = Vec::with_capacity(receivers.len());
+    for (index, connections) in receivers.into_iter().enumerate() {
+        let thread = format!("tollgate-grpc-{}", index + 1);
+        others.push(serve_on_thread(
+            thread,
+            router.clone(),
+            connections,
+            stopped.clone(),
+        )?);
+    }
+    let accepting = deal(listener, senders, stopped.clone());
+    let serving_here =
+        router.serve_with_incoming_shutdown(incoming(here), wait_for(stopped.clone()));
+    let ((), here) = tokio::join!(accepting, serving_here);
+    here?;
+    for other in others {
+        other
+            .await
+            .map_err(|_| ServerError::Runtime(io::Error::other("a gRPC runtime thread died")))??;
+    }
+    Ok(())
+}
+
+/// Accepts connections and hands them to the runtimes in turn, until `stopped`; then the
+/// senders are dropped, which ends each runtime's incoming stream.
+async fn deal(
+    listener: TcpListener,
+    runtimes: Vec<mpsc::UnboundedSender<StdTcpStream>>,
+    stopped: watch::Receiver<bool>,
+) {
+    let mut turn = 0;
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = wait_for(stopped.clone()) => return,
+        };
+        match accepted.and_then(|(connection, _)| {
+            // Answers are small and latency-bound: no Nagle delay.
+            connection.set_nodelay(true)?;
+            connection.into_std()
+        }) {
+            Ok(connection) => {
+                // A runtime gone (its thread failed) is reported by `serve_grpc`; the
+                // connection is dropped, and the client reconnects.
+                let _ = runtimes[turn % runtimes.len()].send(connection);
+                turn = turn.wrapping_add(1);
+            }
+            Err(error) => {
+                // Typically out of file descriptors: pause rather than spin.
+                tracing::warn!(%error, "accepting a gRPC connection failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// The connections dealt to one runtime, registered with that runtime's reactor as they are
+/// taken (the stream is polled on the runtime that serves them).
+fn incoming(
+    connections: mpsc::UnboundedReceiver<StdTcpStream>,
+) -> impl Stream<Item = io::Result<TcpStream>> {
+    stream::unfold(connections, |mut connections| async move {
+        let connection = connections.recv().await?;
+        Some((TcpStream::from_std(connection), connections))
+    })
+}
+
+/// A thread running a current-thread runtime that serves the connections it is dealt.
+fn serve_on_thread(
+    name: String,
+    router: Router,
+    connections: mpsc::UnboundedReceiver<StdTcpStream>,
+    stopped: watch::Receiver<bool>,
+) -> Result<
+    impl Future<Output = Result<Result<(), ServerError>, oneshot::error::RecvError>>,
+    ServerError,
+> {
+    let (done, finished) = oneshot::channel();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            let served =
+                Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(ServerError::Runtime)
+                    .and_then(|runtime| {
+                        runtime
+                            .block_on(router.serve_with_incoming_shutdown(
+                                incoming(connections),
+                                wait_for(stopped),
+                            ))
+                            .map_err(ServerError::from)
+                    });
+            let _ = done.send(served);
+        })
+        .map_err(ServerError::Runtime)?;
+    Ok(finished)
 }

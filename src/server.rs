@@ -22,6 +22,7 @@ use crate::metrics::Metrics;
 use crate::pb::RateLimitServiceServer;
 use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
+use crate::runtime::{self, Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService};
 use crate::storage::CounterStore;
 use crate::tls::{TlsFiles, TlsIncoming};
@@ -57,6 +58,9 @@ pub struct Options {
     /// Decisions in flight at once; beyond, requests wait up to `max_queue_time`.
     pub max_in_flight: usize,
     pub max_queue_time: Duration,
+    /// How gRPC connections are spread over cores; `run` must be called on the main
+    /// runtime of this flavour.
+    pub runtime: Flavor,
 }
 
 impl Default for Options {
@@ -77,6 +81,7 @@ impl Default for Options {
             tls: None,
             max_in_flight: 4_096,
             max_queue_time: Duration::from_millis(50),
+            runtime: Flavor::default(),
         }
     }
 }
@@ -106,6 +111,10 @@ pub enum ServerError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error("runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("--runtime per-core does not serve TLS yet; use --runtime multi-thread")]
+    PerCoreTls,
 }
 
 /// The gRPC routes: RLS v3 and gRPC health.
@@ -147,6 +156,9 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
+    if options.tls.is_some() && options.runtime == Flavor::PerCore {
+        return Err(ServerError::PerCoreTls);
+    }
     // Certificates first: a server that cannot serve TLS as asked must not start.
     let tls = match &options.tls {
         Some(files) => Some((files.clone(), files.server_config()?)),
@@ -184,17 +196,25 @@ pub async fn run(
 
     let (stop, stopped) = watch::channel(false);
     let router = grpc_router(service.clone(), health_service, options.max_request_bytes);
-    let mut grpc =
-        match tls {
-            Some((files, config)) => tokio::spawn(router.serve_with_incoming_shutdown(
-                TlsIncoming::new(listeners.grpc, files, config),
-                wait_for(stopped.clone()),
-            )),
-            None => tokio::spawn(router.serve_with_incoming_shutdown(
-                tcp_incoming(listeners.grpc),
-                wait_for(stopped.clone()),
-            )),
-        };
+    let runtimes = options.runtime.grpc_runtimes();
+    let mut grpc = match tls {
+        Some((files, config)) => {
+            let incoming = TlsIncoming::new(listeners.grpc, files, config);
+            let serving = router.serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
+            tokio::spawn(async move { Ok(serving.await?) })
+        }
+        None if runtimes > 1 => tokio::spawn(runtime::serve_grpc(
+            router,
+            listeners.grpc,
+            runtimes,
+            stopped.clone(),
+        )),
+        None => {
+            let incoming = tcp_incoming(listeners.grpc);
+            let serving = router.serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
+            tokio::spawn(async move { Ok(serving.await?) })
+        }
+    };
     let admin = crate::admin::router(
         service,
         limiter,
@@ -236,11 +256,6 @@ pub async fn run(
             Ok(())
         }
     }
-}
-
-async fn wait_for(mut stopped: watch::Receiver<bool>) {
-    // An error means the sender is gone, which also means stop.
-    let _ = stopped.wait_for(|stop| *stop).await;
 }
 
 fn flatten<E>(result: Result<Result<(), E>, tokio::task::JoinError>) -> Result<(), ServerError>

@@ -139,3 +139,38 @@ async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_
         "the old certificate is gone"
     );
 }
+
+#[test]
+fn the_per_core_runtime_refuses_tls_with_a_clear_error() {
+    let certs = tempfile::tempdir().unwrap();
+    write_server_cert(certs.path(), &ca("server ca"));
+    let config = config_dir(&[("t.yaml", LIMITS)]);
+    let child = tollgate_bin()
+        .args(["serve", "--runtime", "per-core", "--config"])
+        .arg(config.path())
+        .arg("--tls-cert")
+        .arg(certs.path().join("server.crt"))
+        .arg("--tls-key")
+        .arg(certs.path().join("server.key"))
+        .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut child = ChildGuard(child);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "tollgate kept running");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--runtime per-core does not serve TLS yet; use --runtime multi-thread"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,65 @@
+//! `--runtime per-core`: connections dealt to several single-threaded runtimes still share
+//! one store (a limit holds exactly across them), and SIGTERM drains every runtime.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use tollgate::pb;
+use tonic::transport::Endpoint;
+
+const LIMITS: &str = "domain: r\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_holds_exactly_across_connections_on_every_runtime_and_sigterm_drains_them() {
+    let config = config_dir(&[("r.yaml", LIMITS)]);
+    let replica = Replica::spawn(config.path(), &["--runtime", "per-core"]);
+    replica.wait_ready().await;
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let runtimes = threads_of(replica.process.0.id())
+        .iter()
+        .filter(|name| name.starts_with("tollgate-grpc-"))
+        .count();
+    assert_eq!(runtimes, cores - 1, "serving threads besides the main one");
+    let ok = Arc::new(AtomicUsize::new(0));
+    // Four connections (at least one per runtime on two cores), 60 requests each.
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let endpoint = Endpoint::from_shared(format!("http://127.0.0.1:{}", replica.grpc))
+                .unwrap()
+                .timeout(Duration::from_secs(10));
+            let ok = Arc::clone(&ok);
+            tokio::spawn(async move {
+                let channel = endpoint.connect().await.unwrap();
+                for _ in 0..60 {
+                    let answer = pb::RateLimitServiceClient::new(channel.clone())
+                        .should_rate_limit(request("r", &[&[("user", "shared")]]))
+                        .await
+                        .unwrap();
+                    if answer.into_inner().overall_code == OK {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.unwrap();
+    }
+    assert_eq!(ok.load(Ordering::Relaxed), 100);
+    replica.terminate().await;
+}
+
+/// The names of a process's threads.
+fn threads_of(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
+}

@@ -5,7 +5,7 @@ import json
 import statistics
 import sys
 
-SERVERS = ["null", "memory", "redis", "cluster", "fresh"]
+SERVERS = ["null", "memory", "redis", "cluster", "null-pc", "memory-pc", "fresh"]
 
 
 def load(path):
@@ -64,6 +64,11 @@ def ratios(table, reports):
         if null_cpu and mem_cpu:
             print(f"- {scenario}: memory/null CPU per request {mem_cpu / null_cpu:.3f}, "
                   f"throughput {mem_rate / null_rate:.3f}")
+        null_cpu, mem_cpu_pc = get(scenario, "null-pc", "cpu"), get(scenario, "memory-pc", "cpu")
+        null_rate, mem_rate = get(scenario, "null-pc", "rate"), get(scenario, "memory-pc", "rate")
+        if null_cpu and mem_cpu_pc:
+            print(f"- {scenario}, per-core: memory/null CPU per request {mem_cpu_pc / null_cpu:.3f}, "
+                  f"throughput {mem_rate / null_rate:.3f}")
         redis_cpu = get(scenario, "redis", "cpu")
         if redis_cpu and mem_cpu:
             print(f"- {scenario}: redis/memory CPU per request {redis_cpu / mem_cpu:.3f}")
@@ -75,6 +80,11 @@ def ratios(table, reports):
     p50_ten = get("open loop 2,000/s, 10 descriptor(s)", "cluster", "p50")
     if p50_one and p50_ten:
         print(f"- cluster, open loop 2,000/s: p50 10 descriptors / 1 descriptor {p50_ten / p50_one:.2f}")
+    fixed = "open loop 40,000/s, 1 descriptor"
+    for null, memory in (("null", "memory"), ("null-pc", "memory-pc")):
+        null_cpu, mem_cpu = get(fixed, null, "cpu"), get(fixed, memory, "cpu")
+        if null_cpu and mem_cpu:
+            print(f"- {fixed}: {memory}/{null} CPU per request {mem_cpu / null_cpu:.3f}")
     for report in reports:
         if report.get("scenario") == "memory per key":
             keys = report["keys_after"] - report["keys_before"]

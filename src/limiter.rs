@@ -254,17 +254,19 @@ impl RateLimiter {
                 continue;
             };
             let (index, outcome) = reported(&outcomes[*first_hit..*first_hit + limits.len()]);
-            let (path, detailed_path) = match found {
+            let (path, detailed_path, held) = match found {
                 Found::Rule(found) => (
                     found.rule.path.as_str(),
                     detailed_path(&request.domain, found, descriptor),
+                    Some(&found.rule.counters),
                 ),
-                _ => ("override", None),
+                _ => ("override", None, None),
             };
             self.metrics.count(&LimitHit {
                 domain: &request.domain,
                 path,
                 detailed_path,
+                held,
                 hits: descriptor.hits,
                 limit: u64::from(limits[index].requests_per_unit),
                 remaining: outcome.remaining,

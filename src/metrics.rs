@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -62,6 +63,46 @@ impl LimitCounters {
     }
 }
 
+/// A rule's per-limit counters, held by the rule (`Rule::counters`) once its first hit has
+/// found them, so that counting a hit of a configured rule is a few atomic adds: no lookup.
+/// They belong to the `Metrics` that found them; another `Metrics` (tests build several) is
+/// not given them and looks its own up.
+#[derive(Default)]
+pub struct HeldCounters(OnceLock<(usize, Arc<LimitCounters>)>);
+
+impl HeldCounters {
+    fn get(&self, metrics: &Metrics) -> Option<&LimitCounters> {
+        let (owner, counters) = self.0.get()?;
+        (*owner == metrics.identity).then_some(&**counters)
+    }
+
+    /// Holds `counters` unless some are held already; returns them either way.
+    fn hold(&self, metrics: &Metrics, counters: Arc<LimitCounters>) -> Arc<LimitCounters> {
+        let _ = self.0.set((metrics.identity, Arc::clone(&counters)));
+        counters
+    }
+}
+
+/// A rule copy finds its counters again (they are shared through `Metrics`).
+impl Clone for HeldCounters {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+/// Not part of what a rule is.
+impl PartialEq for HeldCounters {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl fmt::Debug for HeldCounters {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("HeldCounters")
+    }
+}
+
 /// Per domain, per rule path: the plain (no client value) label sets, found by borrowed
 /// strings so that counting a hit allocates nothing. Behind an `ArcSwap`, because every
 /// limited descriptor reads it and new paths are rare: a read takes no lock and writes no
@@ -69,6 +110,8 @@ impl LimitCounters {
 type PlainCounters = HashMap<String, HashMap<String, Arc<LimitCounters>>>;
 
 pub struct Metrics {
+    /// Tells this instance from others (see `HeldCounters`).
+    identity: usize,
     registry: Registry,
     per_limit: PerLimit,
     plain: ArcSwap<PlainCounters>,
@@ -98,6 +141,8 @@ pub struct LimitHit<'a> {
     /// The rule's config path, and the path with client values when it has some.
     pub path: &'a str,
     pub detailed_path: Option<String>,
+    /// Where the rule holds the counters of `path`, for a configured rule.
+    pub held: Option<&'a HeldCounters>,
     pub hits: u64,
     pub limit: u64,
     pub remaining: u64,
@@ -134,7 +179,9 @@ impl Metrics {
             "Hits over the limit let through by shadow mode",
             per_limit.shadow_mode.clone(),
         );
+        static INSTANCES: AtomicUsize = AtomicUsize::new(0);
         let metrics = Self {
+            identity: INSTANCES.fetch_add(1, Ordering::Relaxed),
             per_limit,
             plain: ArcSwap::default(),
             detailed: Mutex::new(HashSet::new()),
@@ -251,15 +298,13 @@ impl Metrics {
 
     /// Counts one limited descriptor.
     pub fn count(&self, hit: &LimitHit<'_>) {
-        match &hit.detailed_path {
-            None => {
-                let held = self.plain.load();
-                match held.get(hit.domain).and_then(|paths| paths.get(hit.path)) {
-                    Some(counters) => self.add(counters, hit),
-                    None => self.add(&self.hold_plain(hit.domain, hit.path), hit),
-                }
-            }
-            Some(_) => self.add(&LimitCounters::new(self.labels(hit)), hit),
+        match (&hit.detailed_path, hit.held) {
+            (None, Some(held)) => match held.get(self) {
+                Some(counters) => self.add(counters, hit),
+                None => self.add(&held.hold(self, self.plain(hit.domain, hit.path)), hit),
+            },
+            (None, None) => self.add(&self.plain(hit.domain, hit.path), hit),
+            (Some(_), _) => self.add(&LimitCounters::new(self.labels(hit)), hit),
         }
     }
 
@@ -277,6 +322,15 @@ impl Metrics {
             if hit.shadow {
                 counters.add(&counters.shadow_mode, &per.shadow_mode, hit.hits);
             }
+        }
+    }
+
+    /// The counters of a rule's plain path.
+    fn plain(&self, domain: &str, path: &str) -> Arc<LimitCounters> {
+        let held = self.plain.load();
+        match held.get(domain).and_then(|paths| paths.get(path)) {
+            Some(counters) => Arc::clone(counters),
+            None => self.hold_plain(domain, path),
         }
     }
 
@@ -366,4 +420,48 @@ impl fmt::Debug for Metrics {
 /// A one-label set.
 pub fn label(name: &'static str, value: impl Into<String>) -> Labels {
     vec![(name, value.into())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hit<'a>(held: &'a HeldCounters, hits: u64) -> LimitHit<'a> {
+        LimitHit {
+            domain: "d",
+            path: "d.user",
+            detailed_path: None,
+            held: Some(held),
+            hits,
+            limit: 100,
+            remaining: 50,
+            allowed: true,
+            shadow: false,
+        }
+    }
+
+    fn total_hits(metrics: &Metrics) -> Option<u64> {
+        metrics.render().lines().find_map(|line| {
+            line.strip_prefix("tollgate_total_hits_total{domain=\"d\",limit=\"d.user\"} ")?
+                .parse()
+                .ok()
+        })
+    }
+
+    #[test]
+    fn a_rule_holds_its_counters_for_the_metrics_that_found_them_only() {
+        let rule_counters = HeldCounters::default();
+        let (first, second) = (Metrics::default(), Metrics::default());
+        first.count(&hit(&rule_counters, 2));
+        first.count(&hit(&rule_counters, 3));
+        // Held by the rule now, for `first`; `second` counts into its own registry.
+        assert!(rule_counters.get(&first).is_some());
+        assert!(rule_counters.get(&second).is_none());
+        second.count(&hit(&rule_counters, 7));
+        assert_eq!(total_hits(&first), Some(5));
+        assert_eq!(total_hits(&second), Some(7));
+        // A rule copy (a reload) finds the same counters again.
+        first.count(&hit(&rule_counters.clone(), 1));
+        assert_eq!(total_hits(&first), Some(6));
+    }
 }

@@ -115,6 +115,7 @@ impl Builder<'_> {
             detailed_metric: raw.detailed_metric,
             metadata,
             path: stats.to_owned(),
+            counters: Default::default(),
         }))
     }
 }

@@ -244,6 +244,8 @@ pub struct Rule {
     pub metadata: Option<std::sync::Arc<serde_json::Value>>,
     /// The config path in the reference's stats notation, e.g. `api.user_alice.path`.
     pub path: String,
+    /// The per-limit metric counters of `path`, found on the rule's first hit and held here.
+    pub counters: crate::metrics::HeldCounters,
 }
 
 impl Rule {

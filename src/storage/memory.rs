@@ -119,8 +119,8 @@ impl Slot {
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
-    /// The two halves of the digest, keyed independently at random.
-    digest_keys: (RandomState, RandomState),
+    /// The digest's keys, drawn at random.
+    digest_keys: RandomState,
     charge: Charge,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
@@ -134,7 +134,7 @@ impl MemoryStore {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
             per_shard: max_keys.div_ceil(SHARDS).max(1),
-            digest_keys: (RandomState::new(), RandomState::new()),
+            digest_keys: RandomState::new(),
             charge,
             clock,
             evictions: AtomicU64::new(0),
@@ -199,9 +199,15 @@ impl MemoryStore {
         }
     }
 
+    /// Both halves come from one pass over the key: the second is the keyed hash (SipHash) of
+    /// the key followed by one more byte. Two keys then share a digest only if their 256-bit
+    /// hash states coincide or both halves collide by chance, about 2^-128 either way.
     fn digest(&self, key: &CounterKey) -> Digest {
-        let (first, second) = &self.digest_keys;
-        Digest(first.hash_one(key), second.hash_one(key))
+        let mut hasher = self.digest_keys.build_hasher();
+        key.hash(&mut hasher);
+        let first = hasher.finish();
+        hasher.write_u8(1);
+        Digest(first, hasher.finish())
     }
 
     fn shard_of(digest: Digest) -> usize {

@@ -370,6 +370,7 @@ impl ServeArgs {
             timeout: self.store_timeout,
             deny_cache_size: self.deny_cache_size,
             redis_connections: usize::from(self.redis_connections),
+            runtimes: self.runtime.grpc_runtimes(),
         }
     }
 

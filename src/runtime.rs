@@ -15,6 +15,7 @@
 //!
 //! docs/performance.md compares the two.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::net::TcpStream as StdTcpStream;
@@ -54,6 +55,18 @@ impl Flavor {
     }
 }
 
+thread_local! {
+    /// Which serving runtime this thread runs: 0 for the main one (and for every thread of a
+    /// multi-thread runtime), 1.. for the per-core threads.
+    static INDEX: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The serving runtime the calling task runs on (see `INDEX`), for state kept per runtime
+/// (a Redis connection whose driver runs beside its callers).
+pub fn index() -> usize {
+    INDEX.get()
+}
+
 /// Resolves once `stopped` turns true (or its sender is gone, which also means stop).
 pub async fn wait_for(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|stop| *stop).await;
@@ -73,10 +86,10 @@ pub async fn serve_grpc(
         .unzip();
     let here = receivers.remove(0);
     let mut others = Vec::with_capacity(receivers.len());
-    for (index, connections) in receivers.into_iter().enumerate() {
-        let thread = format!("tollgate-grpc-{}", index + 1);
+    for (offset, connections) in receivers.into_iter().enumerate() {
+        let index = offset + 1;
         others.push(serve_on_thread(
-            thread,
+            index,
             router.clone(),
             connections,
             stopped.clone(),
@@ -141,7 +154,7 @@ fn incoming(
 
 /// A thread running a current-thread runtime that serves the connections it is dealt.
 fn serve_on_thread(
-    name: String,
+    index: usize,
     router: Router,
     connections: mpsc::UnboundedReceiver<StdTcpStream>,
     stopped: watch::Receiver<bool>,
@@ -151,8 +164,9 @@ fn serve_on_thread(
 > {
     let (done, finished) = oneshot::channel();
     std::thread::Builder::new()
-        .name(name)
+        .name(format!("tollgate-grpc-{index}"))
         .spawn(move || {
+            INDEX.set(index);
             let served =
                 Builder::new_current_thread()
                     .enable_all()

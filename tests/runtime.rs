@@ -1,5 +1,6 @@
 //! `--runtime per-core`: connections dealt to several single-threaded runtimes still share
-//! one store (a limit holds exactly across them), and SIGTERM drains every runtime.
+//! one store (a limit holds exactly across them, in memory and on Redis, where each runtime
+//! has its own connection), and SIGTERM drains every runtime.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,16 +10,51 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::redis_process::RedisServer;
 use common::*;
 use tollgate::pb;
 use tonic::transport::Endpoint;
 
 const LIMITS: &str = "domain: r\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
 
+/// Connections the test opens, each served by the runtime it is dealt to.
+const CONNECTIONS: usize = 4;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_holds_exactly_across_connections_on_every_runtime_and_sigterm_drains_them() {
+    limit_holds_across_runtimes(&[]).await.terminate().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_limit_holds_exactly_across_runtimes_with_their_own_connections() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let flags = [
+        "--store",
+        &url,
+        "--store-timeout",
+        "5s",
+        "--redis-connections",
+        "1",
+    ];
+    let replica = limit_holds_across_runtimes(&flags).await;
+    // The shared connection, one of its own for every other runtime that served a call
+    // (made in the background: waited for), and the one asking.
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let expected = (1 + (cores.min(CONNECTIONS) - 1) + 1) as u64;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while redis.connected_clients() != expected && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(redis.connected_clients(), expected);
+    replica.terminate().await;
+}
+
+/// Sends 60 requests for one key on each connection, the limit 100: exactly 100 pass.
+async fn limit_holds_across_runtimes(store: &[&str]) -> Replica {
     let config = config_dir(&[("r.yaml", LIMITS)]);
-    let replica = Replica::spawn(config.path(), &["--runtime", "per-core"]);
+    let flags = [&["--runtime", "per-core"], store].concat();
+    let replica = Replica::spawn(config.path(), &flags);
     replica.wait_ready().await;
     let cores = std::thread::available_parallelism().unwrap().get();
     let runtimes = threads_of(replica.process.0.id())
@@ -27,8 +63,7 @@ async fn a_limit_holds_exactly_across_connections_on_every_runtime_and_sigterm_d
         .count();
     assert_eq!(runtimes, cores - 1, "serving threads besides the main one");
     let ok = Arc::new(AtomicUsize::new(0));
-    // Four connections (at least one per runtime on two cores), 60 requests each.
-    let clients: Vec<_> = (0..4)
+    let clients: Vec<_> = (0..CONNECTIONS)
         .map(|_| {
             let endpoint = Endpoint::from_shared(format!("http://127.0.0.1:{}", replica.grpc))
                 .unwrap()
@@ -52,7 +87,7 @@ async fn a_limit_holds_exactly_across_connections_on_every_runtime_and_sigterm_d
         client.await.unwrap();
     }
     assert_eq!(ok.load(Ordering::Relaxed), 100);
-    replica.terminate().await;
+    replica
 }
 
 /// The names of a process's threads.

@@ -96,6 +96,8 @@ pub struct StoreOptions {
     pub deny_cache_size: usize,
     /// Connections to Redis (per node, on a cluster).
     pub redis_connections: usize,
+    /// Serving runtimes; each beyond the first gets its own Redis connection.
+    pub runtimes: usize,
 }
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
@@ -119,6 +121,7 @@ pub fn build_store(
                     timeout: options.timeout,
                     clock: None,
                     connections: options.redis_connections,
+                    runtimes: options.runtimes,
                 },
             );
             remote_stack(store, options, Arc::new(SystemClock), metrics)

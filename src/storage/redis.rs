@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -126,6 +126,11 @@ pub struct RedisOptions {
     pub clock: Option<Arc<dyn Clock>>,
     /// Multiplexed connections (per node, on a cluster) that calls are spread over.
     pub connections: usize,
+    /// Serving runtimes (`--runtime per-core`: one per core; else 1). Each runtime besides
+    /// the main one gets a connection of its own, made on it, so that the connection's
+    /// driver task runs on the same thread as the calls it carries: their commands go out
+    /// in one write per batch, with no wake-ups across threads.
+    pub runtimes: usize,
 }
 
 #[derive(Clone)]
@@ -173,7 +178,17 @@ pub struct RedisStore {
     /// Set once every connection is up; calls take them in turn.
     connections: Arc<OnceLock<Box<[Connection]>>>,
     next: AtomicUsize,
+    /// The connections of runtimes 1.. (see `RedisOptions::runtimes`).
+    local: Arc<[LocalConnection]>,
+    spec: RedisSpec,
     options: RedisOptions,
+}
+
+/// A runtime's own connection, made in the background on that runtime.
+#[derive(Default)]
+struct LocalConnection {
+    connection: OnceLock<Connection>,
+    connecting: AtomicBool,
 }
 
 /// Backoff of the background connect: from 100 ms, doubling, at most 5 s apart.
@@ -189,6 +204,10 @@ impl RedisStore {
         let store = Arc::new(Self {
             connections: Arc::new(OnceLock::new()),
             next: AtomicUsize::new(0),
+            local: (1..options.runtimes)
+                .map(|_| LocalConnection::default())
+                .collect(),
+            spec: spec.clone(),
             options,
         });
         let slot = Arc::clone(&store.connections);
@@ -215,6 +234,9 @@ impl RedisStore {
     }
 
     fn connection(&self) -> Result<&Connection, StoreError> {
+        if let Some(local) = self.local_connection() {
+            return Ok(local);
+        }
         let connections = self
             .connections
             .get()
@@ -223,6 +245,41 @@ impl RedisStore {
         connections
             .get(turn)
             .ok_or_else(|| StoreError::Unavailable("no Redis connection".into()))
+    }
+
+    /// This runtime's own connection, once made. The first call on a runtime without one
+    /// starts making it there (after the shared connections are up, so never while Redis is
+    /// unreachable), and uses the shared connections meanwhile: no call waits for a connect.
+    fn local_connection(&self) -> Option<&Connection> {
+        let index = crate::runtime::index().checked_sub(1)?;
+        let slot = self.local.get(index)?;
+        if let Some(connection) = slot.connection.get() {
+            return Some(connection);
+        }
+        if self.connections.get().is_some() && !slot.connecting.swap(true, Ordering::AcqRel) {
+            let (local, spec, timeout) = (
+                Arc::clone(&self.local),
+                self.spec.clone(),
+                self.options.timeout,
+            );
+            // Spawned here: on this runtime, where the connection's driver must run.
+            tokio::spawn(async move {
+                let Some(slot) = local.get(index) else {
+                    return;
+                };
+                match connect(&spec, timeout).await {
+                    Ok(connection) => {
+                        let _ = slot.connection.set(connection);
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, runtime = index + 1, "a runtime's own Redis connection failed; retrying on a later call");
+                        tokio::time::sleep(CONNECT_BACKOFF.0).await;
+                        slot.connecting.store(false, Ordering::Release);
+                    }
+                }
+            });
+        }
+        None
     }
 
     fn explicit_now(&self) -> Option<Micros> {

@@ -135,6 +135,7 @@ pub fn redis_store(
             timeout,
             clock: Some(Arc::new(clock.clone())),
             connections: 2,
+            runtimes: 1,
         },
     );
     let options = StoreOptions {
@@ -142,6 +143,7 @@ pub fn redis_store(
         timeout,
         deny_cache_size: 1_000,
         redis_connections: 2,
+        runtimes: 1,
     };
     remote_stack(store, options, Arc::new(clock.clone()), metrics)
 }

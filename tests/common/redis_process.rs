@@ -145,6 +145,15 @@ impl RedisServer {
             .expect("DBSIZE")
     }
 
+    /// Clients connected now, from INFO clients (the connection asking counts too).
+    pub fn connected_clients(&self) -> u64 {
+        self.query(&["INFO", "clients"])
+            .lines()
+            .find_map(|line| line.strip_prefix("connected_clients:"))
+            .and_then(|count| count.trim().parse().ok())
+            .expect("INFO clients")
+    }
+
     /// Calls of a command so far, from INFO commandstats (`evalsha`, `eval`, `get`…).
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.query(&["INFO", "commandstats"]);

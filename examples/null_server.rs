@@ -15,6 +15,10 @@ use tollgate::pb::{self, RateLimitServiceServer, rate_limit_response as rls};
 use tollgate::runtime::{self, Flavor};
 use tonic::{Request, Response, Status};
 
+/// mimalloc instead of the system allocator (see docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct NullHandler;
 
 #[tonic::async_trait]

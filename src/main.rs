@@ -7,6 +7,10 @@ use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
 use tollgate::runtime::Flavor;
 use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
 
+/// mimalloc instead of the system allocator (see docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     let flavor = match &cli.command {

@@ -11,7 +11,7 @@
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use lru::LruCache;
@@ -36,6 +36,10 @@ struct Denied {
 
 pub struct DenyCache {
     entries: Option<Mutex<LruCache<CounterKey, Denied>>>,
+    /// How many counters `entries` holds, as of its last change. While none is held (no
+    /// client over a limit), calls neither lock nor hash. Read without the lock, so a
+    /// denial remembered at this instant may be missed once: that call asks the store.
+    held: AtomicUsize,
     hits: AtomicU64,
 }
 
@@ -45,6 +49,7 @@ impl DenyCache {
         Self {
             entries: NonZeroUsize::new(capacity)
                 .map(|capacity| Mutex::new(LruCache::new(capacity))),
+            held: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
         }
     }
@@ -57,7 +62,7 @@ impl DenyCache {
     /// The outcomes of `hits` at `now` if every one of them is known denied.
     pub fn answer(&self, hits: &[Hit], now: Micros) -> Option<Vec<Outcome>> {
         let entries = self.entries.as_ref()?;
-        if hits.is_empty() {
+        if hits.is_empty() || self.held.load(Ordering::Acquire) == 0 {
             return None;
         }
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
@@ -87,12 +92,19 @@ impl DenyCache {
         let Some(entries) = &self.entries else {
             return;
         };
-        let mut seen = HashSet::with_capacity(hits.len());
-        let repeated: HashSet<&CounterKey> = hits
-            .iter()
-            .map(|hit| &hit.key)
-            .filter(|key| !seen.insert(*key))
-            .collect();
+        let all_allowed = outcomes.iter().all(|outcome| outcome.allowed);
+        if all_allowed && self.held.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut repeated = HashSet::new();
+        if hits.len() > 1 {
+            let mut seen = HashSet::with_capacity(hits.len());
+            repeated.extend(
+                hits.iter()
+                    .map(|hit| &hit.key)
+                    .filter(|key| !seen.insert(*key)),
+            );
+        }
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
         for (hit, outcome) in hits.iter().zip(outcomes) {
             if outcome.allowed || repeated.contains(&hit.key) {
@@ -107,6 +119,7 @@ impl DenyCache {
                 entries.put(hit.key.clone(), denied);
             }
         }
+        self.held.store(entries.len(), Ordering::Release);
     }
 }
 

@@ -5,7 +5,7 @@ import json
 import statistics
 import sys
 
-SERVERS = ["null", "memory", "redis", "cluster", "null-pc", "memory-pc", "fresh"]
+SERVERS = ["null", "memory", "redis", "cluster", "null-pc", "memory-pc", "redis-pc", "fresh"]
 
 
 def load(path):
@@ -72,6 +72,9 @@ def ratios(table, reports):
         redis_cpu = get(scenario, "redis", "cpu")
         if redis_cpu and mem_cpu:
             print(f"- {scenario}: redis/memory CPU per request {redis_cpu / mem_cpu:.3f}")
+        redis_cpu = get(scenario, "redis-pc", "cpu")
+        if redis_cpu and mem_cpu_pc:
+            print(f"- {scenario}, per-core: redis/memory CPU per request {redis_cpu / mem_cpu_pc:.3f}")
     p50_one = get(one, "cluster", "p50")
     p50_ten = get(ten, "cluster", "p50")
     if p50_one and p50_ten:

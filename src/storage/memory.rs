@@ -40,6 +40,12 @@ use crate::metrics::Metrics;
 /// Enough shards that two cores rarely contend, few enough that a sweep stays cheap.
 const SHARDS: usize = 64;
 
+/// Most counters a shard reserves room for up front (4M in all). Reserving takes address
+/// space only: pages become resident as counters fill them. Within it a shard never grows
+/// under its lock (copying every counter while requests wait), and no outgrown array is left
+/// for the allocator to hold on to.
+const MAX_RESERVED_PER_SHARD: usize = 1 << 16;
+
 /// How often expired counters are removed.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
@@ -131,9 +137,19 @@ pub struct MemoryStore {
 
 impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
+        let per_shard = max_keys.div_ceil(SHARDS).max(1);
+        // One more than the bound: a counter is inserted before the eviction it may cause.
+        let reserved = (per_shard + 1).min(MAX_RESERVED_PER_SHARD);
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-            per_shard: max_keys.div_ceil(SHARDS).max(1),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        counters: IndexMap::with_capacity_and_hasher(reserved, Default::default()),
+                        hand: 0,
+                    })
+                })
+                .collect(),
+            per_shard,
             digest_keys: RandomState::new(),
             charge,
             clock,

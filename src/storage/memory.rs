@@ -1,13 +1,13 @@
 //! The in-process store (the default): counters in a sharded map bounded by `max_keys`.
 //!
-//! Each shard is a `std::sync::Mutex` around an LRU map. A std mutex, not tokio's, because it is
-//! never held across an `.await`: `apply` is synchronous inside. A request locks the shards of
+//! Each shard is a `std::sync::Mutex` around a map (see below). A std mutex, not tokio's,
+//! because it is never held across an `.await`: `apply` is synchronous inside. A request locks the shards of
 //! its keys in ascending order (so two requests cannot deadlock), decides every hit, and
 //! commits all or nothing while holding them: that is what makes a multi-descriptor request
 //! atomic here. Sharding keeps unrelated requests off each other's locks.
 //!
 //! Counters are held by a 128-bit keyed digest of their key, not the key itself: a key is
-//! 60 bytes or more, and with the digest a counter costs about 130 bytes at a million
+//! 60 bytes or more, and with the digest a counter costs about 75 bytes at a million
 //! (docs/performance.md). The digest is SipHash under keys drawn at random per process, so
 //! clients cannot aim for a collision, and an accidental one among a billion counters has a
 //! probability below 10^-20.

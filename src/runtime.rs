@@ -112,11 +112,11 @@ pub async fn serve_grpc(
 /// senders are dropped, which ends each runtime's incoming stream.
 async fn deal(
     listener: TcpListener,
-    runtimes: Vec<mpsc::UnboundedSender<StdTcpStream>>,
+    mut runtimes: Vec<mpsc::UnboundedSender<StdTcpStream>>,
     stopped: watch::Receiver<bool>,
 ) {
     let mut turn = 0;
-    loop {
+    while !runtimes.is_empty() {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = wait_for(stopped.clone()) => return,
@@ -126,10 +126,20 @@ async fn deal(
             connection.set_nodelay(true)?;
             connection.into_std()
         }) {
-            Ok(connection) => {
-                // A runtime gone (its thread failed) is reported by `serve_grpc`; the
-                // connection is dropped, and the client reconnects.
-                let _ = runtimes[turn % runtimes.len()].send(connection);
+            Ok(mut connection) => {
+                // A runtime gone (its thread failed; `serve_grpc` returns its error at the
+                // end) gets no more connections: the others take its share.
+                while !runtimes.is_empty() {
+                    let index = turn % runtimes.len();
+                    match runtimes[index].send(connection) {
+                        Ok(()) => break,
+                        Err(mpsc::error::SendError(back)) => {
+                            tracing::error!("a gRPC runtime has stopped; serving on the others");
+                            runtimes.remove(index);
+                            connection = back;
+                        }
+                    }
+                }
                 turn = turn.wrapping_add(1);
             }
             Err(error) => {

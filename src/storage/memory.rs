@@ -138,8 +138,8 @@ pub struct MemoryStore {
 impl MemoryStore {
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         let per_shard = max_keys.div_ceil(SHARDS).max(1);
-        // One more than the bound: a counter is inserted before the eviction it may cause.
-        let reserved = (per_shard + 1).min(MAX_RESERVED_PER_SHARD);
+        // Eviction comes before insertion, so a shard never holds more than its bound.
+        let reserved = per_shard.min(MAX_RESERVED_PER_SHARD);
         Self {
             shards: (0..SHARDS)
                 .map(|_| {
@@ -305,37 +305,47 @@ impl MemoryStore {
         decision.outcome
     }
 
-    /// Puts a counter into its (locked) shard, evicting beyond the bound by CLOCK. Each step
-    /// unmarks a counter or evicts one, so it ends within one turn of the hand plus one.
+    /// Puts a counter into its (locked) shard, evicting one first when the shard is full.
     fn store(&self, shard: &mut Shard, digest: Digest, slot: Slot) {
-        match shard.counters.get_mut(&digest) {
-            Some(held) => {
-                *held = slot;
-                held.mark_used();
-                return;
-            }
-            None => {
-                shard.counters.insert(digest, slot);
-                self.keys_metric.inc();
-            }
+        if let Some(held) = shard.counters.get_mut(&digest) {
+            *held = slot;
+            held.mark_used();
+            return;
         }
-        while shard.counters.len() > self.per_shard {
+        let hole = self.evict_one(shard);
+        let (added, _) = shard.counters.insert_full(digest, slot);
+        self.keys_metric.inc();
+        // Into the evicted counter's place, just behind the hand, as CLOCK has it: the new
+        // counter waits a full turn before the hand looks at it.
+        if let Some(hole) = hole.filter(|&hole| hole < added) {
+            shard.counters.swap_indices(hole, added);
+        }
+    }
+
+    /// Makes room for one counter in a full shard by CLOCK: from the hand on, a marked
+    /// counter is unmarked and passed, the first unmarked one is evicted. Each step unmarks or
+    /// evicts, so it ends within two turns. Returns the evicted counter's index (which now
+    /// holds the shard's former last counter); the hand is just past it.
+    fn evict_one(&self, shard: &mut Shard) -> Option<usize> {
+        if shard.counters.len() < self.per_shard {
+            return None;
+        }
+        loop {
             if shard.hand >= shard.counters.len() {
                 shard.hand = 0;
             }
             let hand = shard.hand;
+            shard.hand += 1;
             let used = shard
                 .counters
                 .get_index_mut(hand)
-                .is_some_and(|(_, slot)| slot.take_used());
-            if used {
-                shard.hand += 1;
-            } else {
-                // The last counter moves into the hole, and the hand looks at it next.
+                .map(|(_, slot)| slot.take_used())?;
+            if !used {
                 shard.counters.swap_remove_index(hand);
                 self.evictions.fetch_add(1, Ordering::Relaxed);
                 self.evictions_metric.inc();
                 self.keys_metric.dec();
+                return Some(hand);
             }
         }
     }
@@ -548,8 +558,8 @@ mod tests {
 
     #[test]
     fn a_counter_in_use_outlives_unused_ones_when_evicting() {
-        // Room for one counter per shard; one counter is used between every two arrivals.
-        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        // Room for 8 counters per shard; one counter is used between every two arrivals.
+        let (store, clock) = store(8 * SHARDS, Charge::IfAllowed);
         let kept = hit("kept", 5_000, 1, Role::Enforced);
         for user in 0..2_000 {
             store.apply_now(std::slice::from_ref(&kept), clock.now());
@@ -558,7 +568,36 @@ mod tests {
         let last = store.apply_now(std::slice::from_ref(&kept), clock.now());
         // Never evicted: all 2,001 of its hits are still counted.
         assert_eq!(remaining(&last), [(true, 5_000 - 2_001)]);
-        assert!(store.evictions() >= 1_900, "{}", store.evictions());
+        assert_eq!(store.evictions(), 2_001 - store.len() as u64);
+        assert!(store.len() <= 8 * SHARDS);
+    }
+
+    #[test]
+    fn eviction_takes_the_oldest_unused_counter_never_the_one_just_added() {
+        let (store, clock) = store(4 * SHARDS, Charge::IfAllowed);
+        let mut shard = Shard::default();
+        let state = State::FixedWindow(algorithm::fixed_window::State::default());
+        let slot = || Slot::new(state.clone(), clock.now() + 60 * MICROS_PER_SECOND);
+        let digest = |n: u64| Digest(n, n);
+        for n in 0..4 {
+            store.store(&mut shard, digest(n), slot());
+        }
+        // A full shard: each new counter takes the place of the oldest unused one, behind the
+        // hand, so the counters added since wait their turn.
+        store.store(&mut shard, digest(4), slot());
+        store.store(&mut shard, digest(5), slot());
+        store.store(&mut shard, digest(6), slot());
+        let mut held: Vec<u64> = shard.counters.keys().map(|digest| digest.0).collect();
+        held.sort_unstable();
+        assert_eq!(held, [3, 4, 5, 6]);
+        // A use protects a counter the hand reaches: 3 is next in line, unless used.
+        if let Some(slot) = shard.counters.get_mut(&digest(3)) {
+            slot.mark_used();
+        }
+        store.store(&mut shard, digest(7), slot());
+        assert!(shard.counters.contains_key(&digest(3)));
+        assert_eq!(shard.counters.len(), 4);
+        assert_eq!(store.evictions(), 4);
     }
 
     #[test]

@@ -272,8 +272,9 @@ impl RedisStore {
                         let _ = slot.connection.set(connection);
                     }
                     Err(error) => {
-                        tracing::warn!(%error, runtime = index + 1, "a runtime's own Redis connection failed; retrying on a later call");
-                        tokio::time::sleep(CONNECT_BACKOFF.0).await;
+                        // The shared connections serve meanwhile: no hurry to retry.
+                        tracing::warn!(%error, runtime = index + 1, retry_in = ?CONNECT_BACKOFF.1, "a runtime's own Redis connection failed");
+                        tokio::time::sleep(CONNECT_BACKOFF.1).await;
                         slot.connecting.store(false, Ordering::Release);
                     }
                 }

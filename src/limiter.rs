@@ -124,7 +124,7 @@ impl RateLimiter {
     }
 
     async fn decide(&self, request: &Request) -> Result<Decision, StoreError> {
-        let rules = self.rules.load();
+        let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
         let mut hits = Vec::with_capacity(request.descriptors.len());

@@ -84,8 +84,11 @@ impl Call<'_> {
     /// `EVALSHA sha numkeys key… arg…` or `EVAL script numkeys key… arg…`; redis-rs routes it on
     /// a cluster by its first key.
     fn command(&self, name: &str, script: &str) -> Cmd {
-        let mut command = redis::cmd(name);
-        command.arg(script).arg(self.hits.len());
+        // Sized for the whole call up front (7 arguments, then 11 per hit, keys of about 70
+        // bytes), so building it does not reallocate as arguments are added.
+        let hits = self.hits.len();
+        let mut command = Cmd::with_capacity(7 + 11 * hits, 96 + 160 * hits);
+        command.arg(name).arg(script).arg(hits);
         for hit in self.hits {
             command.arg(hit.key.as_str());
         }

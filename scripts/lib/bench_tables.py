@@ -79,10 +79,11 @@ def ratios(table, reports):
     p50_ten = get(ten, "cluster", "p50")
     if p50_one and p50_ten:
         print(f"- cluster, closed loop 64 in flight: p50 10 descriptors / 1 descriptor {p50_ten / p50_one:.2f}")
-    p50_one = get("open loop 2,000/s, 1 descriptor(s)", "cluster", "p50")
-    p50_ten = get("open loop 2,000/s, 10 descriptor(s)", "cluster", "p50")
-    if p50_one and p50_ten:
-        print(f"- cluster, open loop 2,000/s: p50 10 descriptors / 1 descriptor {p50_ten / p50_one:.2f}")
+    for in_flight in (1, 8):
+        p50_one = get(f"cluster, {in_flight} in flight, 1 descriptor(s)", "cluster", "p50")
+        p50_ten = get(f"cluster, {in_flight} in flight, 10 descriptor(s)", "cluster", "p50")
+        if p50_one and p50_ten:
+            print(f"- cluster, {in_flight} in flight: p50 10 descriptors / 1 descriptor {p50_ten / p50_one:.2f}")
     fixed = "open loop 40,000/s, 1 descriptor"
     for null, memory in (("null", "memory"), ("null-pc", "memory-pc")):
         null_cpu, mem_cpu = get(fixed, null, "cpu"), get(fixed, memory, "cpu")

@@ -83,14 +83,7 @@ async fn added_changed_broken_and_fixed_files_are_reloaded_and_a_broken_one_keep
 
     let broken = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 3}\n";
     write(&dir, "a.yaml", broken);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reload_errors(&server).await != "1" {
-        assert!(
-            Instant::now() < deadline,
-            "the failed reload was never counted"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_failed_reload(&server).await;
     assert_eq!(
         limit_of(&server, "a").await,
         Some(5),
@@ -155,15 +148,20 @@ async fn removing_an_unreadable_entry_that_broke_a_reload_is_seen() {
     // A new valid file together with a dangling link: the load fails as a whole.
     write(&dir, "b.yaml", &limits("b", 2));
     std::os::unix::fs::symlink("missing.yaml", dir.join("dangling.yaml")).unwrap();
+    wait_for_failed_reload(&server).await;
+    assert_eq!(limit_of(&server, "b").await, None);
+    std::fs::remove_file(dir.join("dangling.yaml")).unwrap();
+    serves(&server, "b", Some(2)).await;
+}
+
+/// Waits (up to 10 s) until one failed reload is counted.
+async fn wait_for_failed_reload(server: &TestServer) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while reload_errors(&server).await != "1" {
+    while reload_errors(server).await != "1" {
         assert!(
             Instant::now() < deadline,
             "the failed reload was never counted"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(limit_of(&server, "b").await, None);
-    std::fs::remove_file(dir.join("dangling.yaml")).unwrap();
-    serves(&server, "b", Some(2)).await;
 }

@@ -19,7 +19,8 @@
 //! - `storage/memory.rs`: in-process, sharded, calls the algorithm functions under its locks.
 //! - `storage/redis.rs`: Redis and Redis Cluster; `storage/script.rs` + `storage/lua/`: the
 //!   algorithms ported to one Lua script (parity-tested against the Rust functions), called
-//!   once per slot group; `storage/guard.rs`: store timeout and circuit breaker;
+//!   once per node group (`storage/slots.rs`: the cluster's slot map and the grouping);
+//!   `storage/guard.rs`: store timeout and circuit breaker;
 //!   `storage/deny_cache.rs`: local answers for counters known to be denied.
 //!
 //! # Layout

@@ -1,17 +1,23 @@
 //! tollgate on a real 3-master Redis Cluster started by the tests: exact across replicas,
-//! all-or-nothing across slots, key safety, and one script call per slot group.
+//! all-or-nothing across slots and nodes, key safety, one script call per node, and what a
+//! resharding under load costs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use common::redis_process::RedisCluster;
 use common::*;
-use redis::cluster_routing::Slot;
+use tollgate::algorithm::Charge;
 use tollgate::limit::Limit;
 use tollgate::storage::keys::{EntryValue, counter_key};
+use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
+use tollgate::storage::slots::slot_of;
+use tollgate::storage::{CounterStore, Hit, Role};
 
 const SHARED: &str = r#"
 domain: shared
@@ -97,13 +103,15 @@ async fn three_replicas_sharing_a_cluster_admit_exactly_the_limit_and_veto_acros
         .count();
     assert_eq!((ok, over), (100, 900));
 
-    // Two descriptors whose counters live on different slots.
+    // Two descriptors whose counters live on different nodes, so that b's denial vetoes a
+    // consumption already made on a's node, which is refunded.
     let a_limit = sliding_log(5, tollgate::limit::Unit::Hour);
     let b_limit = sliding_log(1, tollgate::limit::Unit::Hour);
     let a_key = key_of("shared", ("a", "1"), &a_limit);
+    let node_of = |key: &str| cluster.owner_of(slot_of(key)).port;
     let b_value = (0..100)
         .map(|i| i.to_string())
-        .find(|v| Slot::for_key(key_of("shared", ("b", v), &b_limit)) != Slot::for_key(&a_key))
+        .find(|v| node_of(&key_of("shared", ("b", v), &b_limit)) != node_of(&a_key))
         .unwrap();
     let mut client = clients[0].clone();
     let mut call = async |descriptors: &[&[(&str, &str)]]| {
@@ -231,22 +239,30 @@ fn wide_request(entries: &[(String, String)]) -> tollgate::pb::RateLimitRequest 
 }
 
 #[tokio::test]
-async fn ten_descriptors_cost_one_script_call_per_slot_all_in_flight_at_once() {
+async fn ten_descriptors_cost_one_script_call_per_node_all_in_flight_at_once() {
     let entries = ten_descriptors();
     let limit = Limit::new(100, tollgate::limit::Unit::Minute);
-    let slots: HashSet<Slot> = entries
+    let slots: HashSet<u16> = entries
         .iter()
-        .map(|(k, v)| Slot::for_key(key_of("wide", (k, v), &limit)))
+        .map(|(k, v)| slot_of(&key_of("wide", (k, v), &limit)))
         .collect();
 
     let server = start_on(StoreKind::Cluster, &[("wide.yaml", WIDE)]).await;
     let Backing::Cluster(cluster) = &server.backing else {
         panic!("a cluster test");
     };
+    let nodes: HashSet<u16> = slots
+        .iter()
+        .map(|&slot| cluster.owner_of(slot).port)
+        .collect();
+    assert!(
+        nodes.len() < slots.len(),
+        "some node serves two of the slots"
+    );
     let before = cluster.calls("evalsha");
     let response = server.ok(wide_request(&entries)).await;
     assert!(response.statuses.iter().all(|s| s.limit_remaining == 99));
-    assert_eq!(cluster.calls("evalsha") - before, slots.len() as u64);
+    assert_eq!(cluster.calls("evalsha") - before, nodes.len() as u64);
     drop(server);
 
     let server = start_on(StoreKind::Redis, &[("wide.yaml", WIDE)]).await;
@@ -261,4 +277,171 @@ async fn ten_descriptors_cost_one_script_call_per_slot_all_in_flight_at_once() {
         1,
         "one call for the whole request"
     );
+}
+
+/// Hits of one request on the cluster, straight to the store: one per user, 100 per hour
+/// (a sliding log: no window boundary can fall between two calls of a test).
+fn user_hits(users: &[String]) -> Vec<Hit> {
+    let params = sliding_log(100, tollgate::limit::Unit::Hour).params();
+    users
+        .iter()
+        .enumerate()
+        .map(|(descriptor, user)| Hit {
+            descriptor,
+            key: counter_key("store", [("user", EntryValue::Actual(user))], &params),
+            params,
+            hits: 1,
+            role: Role::Enforced,
+        })
+        .collect()
+}
+
+fn cluster_store(cluster: &RedisCluster) -> Arc<RedisStore> {
+    RedisStore::start(
+        RedisSpec::parse(&cluster.url(), None).unwrap().unwrap(),
+        RedisOptions {
+            charge: Charge::IfAllowed,
+            timeout: Duration::from_secs(5),
+            clock: None,
+            connections: 1,
+            runtimes: 1,
+            // Long: the map goes stale when the test moves a slot, and stays so until a
+            // call finds out.
+            slot_map_refresh: Duration::from_secs(3600),
+        },
+    )
+}
+
+async fn ready(store: &RedisStore) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.ping().await.is_err() {
+        assert!(Instant::now() < deadline, "the store never connected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_call_across_the_slots_of_one_node_vetoes_itself() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster_store(&cluster);
+    ready(&store).await;
+    // Two users on one node, in different slots; the second's limit is used up first.
+    let users: Vec<String> = (0..1000).map(|i| format!("u{i}")).collect();
+    let hits = user_hits(&users);
+    let slot = |index: usize| slot_of(hits[index].key.as_str());
+    let node = |index: usize| cluster.owner_of(slot(index)).port;
+    let second = (1..hits.len())
+        .find(|&i| node(i) == node(0) && slot(i) != slot(0))
+        .unwrap();
+    let pair = [
+        hits[0].clone(),
+        Hit {
+            descriptor: 1,
+            ..hits[second].clone()
+        },
+    ];
+    for _ in 0..100 {
+        assert!(store.apply(&pair[1..]).await.unwrap()[0].allowed);
+    }
+
+    let before = cluster.calls("evalsha") + cluster.calls("eval");
+    let outcomes = store.apply(&pair).await.unwrap();
+    assert_eq!(
+        cluster.calls("evalsha") + cluster.calls("eval") - before,
+        1,
+        "one call for both slots"
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .map(|o| (o.allowed, o.remaining))
+            .collect::<Vec<_>>(),
+        [(true, 100), (false, 0)],
+        "the first counter reports itself unchanged"
+    );
+    let first = store.apply(&pair[..1]).await.unwrap();
+    assert_eq!(
+        (first[0].allowed, first[0].remaining),
+        (true, 99),
+        "nothing was consumed"
+    );
+}
+
+#[tokio::test]
+async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster_store(&cluster);
+    ready(&store).await;
+    let users: Vec<String> = (0..10).map(|i| format!("user-{i}")).collect();
+    let hits = user_hits(&users);
+    let slots: Vec<u16> = hits.iter().map(|hit| slot_of(hit.key.as_str())).collect();
+    let nodes = |cluster: &RedisCluster| -> u64 {
+        let ports: HashSet<u16> = slots
+            .iter()
+            .map(|&slot| cluster.owner_of(slot).port)
+            .collect();
+        ports.len() as u64
+    };
+    let calls = || cluster.calls("evalsha") + cluster.calls("eval");
+
+    let before = calls();
+    let first = store.apply(&hits).await.unwrap();
+    assert!(first.iter().all(|o| o.allowed && o.remaining == 99));
+    assert_eq!(calls() - before, nodes(&cluster), "one call per node");
+
+    // Move one slot (and its counter) away from a node that serves another of the slots.
+    let moved = (0..slots.len())
+        .find(|&i| {
+            (0..slots.len()).any(|j| {
+                slots[j] != slots[i]
+                    && cluster.owner_of(slots[j]).port == cluster.owner_of(slots[i]).port
+            })
+        })
+        .expect("two of the slots on one node");
+    let from = cluster.owner_of(slots[moved]).port;
+    let to = cluster
+        .masters()
+        .into_iter()
+        .find(|master| master.port != from)
+        .unwrap();
+    cluster.move_slot(slots[moved], to);
+    assert_eq!(cluster.owner_of(slots[moved]).port, to.port);
+
+    // The store still believes the old map: the call for `from` finds the counter gone and
+    // is sent again per slot; every counter counts exactly once.
+    let second = store.apply(&hits).await.unwrap();
+    assert_eq!(
+        second
+            .iter()
+            .map(|o| (o.allowed, o.remaining))
+            .collect::<Vec<_>>(),
+        vec![(true, 98); hits.len()]
+    );
+    let stored = to.try_query(&["GET", hits[moved].key.as_str()]);
+    assert!(
+        matches!(stored, Some(redis::Value::BulkString(_))),
+        "the moved counter lives on its new node: {stored:?}"
+    );
+
+    // The failed call asked for the map again: calls group by the new owners.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut remaining = 98;
+    loop {
+        let before = calls();
+        let outcomes = store.apply(&hits).await.unwrap();
+        remaining -= 1;
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| o.allowed && o.remaining == remaining)
+        );
+        if calls() - before == nodes(&cluster) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot map was never read again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

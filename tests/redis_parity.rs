@@ -103,6 +103,7 @@ async fn run_sequence(
         let call = Call {
             mode: Mode::Apply,
             hits: &one,
+            cross_slot: false,
             now: Some(now),
             charge,
             complete: true,

@@ -1,4 +1,4 @@
-//! The script's refund, which gives back what a slot group consumed when another slot of the
+//! The script's refund, which gives back what a group consumed when another group of the
 //! same request vetoed it: exact for windows and logs, and for a token bucket or GCRA only
 //! while the counter is as the consuming call left it (giving back to a bucket that refilled
 //! since would hand out hits nobody paid for).
@@ -37,6 +37,7 @@ async fn send(
     let call = Call {
         mode,
         hits,
+        cross_slot: false,
         now: Some(now),
         charge: Charge::IfAllowed,
         complete: false,

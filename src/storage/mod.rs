@@ -14,6 +14,7 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 pub mod script;
+pub mod slots;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,6 +123,7 @@ pub fn build_store(
                     clock: None,
                     connections: options.redis_connections,
                     runtimes: options.runtimes,
+                    slot_map_refresh: redis::SLOT_MAP_REFRESH,
                 },
             );
             remote_stack(store, options, Arc::new(SystemClock), metrics)

@@ -1,29 +1,31 @@
 //! The Redis and Redis Cluster store: one implementation over redis-rs async connections
 //! (multiplexed, so concurrent requests pipeline on one connection per node).
 //!
-//! One round trip per request: the hits of a request are grouped by cluster slot (the hash tag
-//! `keys.rs` puts in every key), one script call per group, all groups in flight at once; a
-//! single Redis gets one call for the whole request. Within a call the script is atomic and
-//! applies the veto rule itself. Across slots, a group that consumed is refunded when another
-//! group's denial vetoes the request (so a rejected request never over-admits; it may briefly
-//! under-admit while the refund is in flight).
+//! One round trip per request: on a cluster the hits of a request are grouped by the node that
+//! serves their slots (the hash tag `keys.rs` puts in every key), one script call per node,
+//! all in flight at once; a single Redis gets one call for the whole request. Within a call
+//! the script is atomic and applies the veto rule itself. Across nodes, a group that consumed
+//! is refunded when another group's denial vetoes the request (so a rejected request never
+//! over-admits; it may briefly under-admit while the refund is in flight). Grouping by node
+//! needs the slot map (`slots.rs`, refreshed in the background) and Redis 7's
+//! `allow-cross-slot-keys`; without them, one call per slot.
 //!
 //! Starting without Redis is normal (it may come up after us): the connection is made in the
 //! background with backoff, and until then every call and the health probe fail fast.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
 use redis::{ConnectionInfo, IntoConnectionInfo, RedisError};
 
-use super::script::{Call, Mode, Reply, SCRIPT, parse_reply};
+use super::script::{CROSS_SLOT_SCRIPT, Call, Mode, Reply, SCRIPT, is_off_node, parse_reply};
+use super::slots::{Group, SlotOwners, plan, split_by_slot};
 use super::{CounterStore, Hit, StoreError, vetoed};
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::{Clock, Micros};
@@ -131,7 +133,13 @@ pub struct RedisOptions {
     /// driver task runs on the same thread as the calls it carries: their commands go out
     /// in one write per batch, with no wake-ups across threads.
     pub runtimes: usize,
+    /// How often a cluster's slot map is read again, besides whenever a call finds it stale.
+    pub slot_map_refresh: Duration,
 }
+
+/// `RedisOptions::slot_map_refresh` as served: a resharding is noticed by the first call it
+/// affects anyway, so the period only bounds how long grouping stays less than ideal.
+pub const SLOT_MAP_REFRESH: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
 enum Connection {
@@ -165,6 +173,24 @@ impl Connection {
         }
     }
 
+    /// Loads the cross-slot script on every node; Redis before 7 cannot compile it.
+    async fn load_cross_slot_script(&self) -> Result<(), RedisError> {
+        match self.clone() {
+            Connection::Single(mut c) => CROSS_SLOT_SCRIPT.load_async(&mut c).await.map(drop),
+            Connection::Cluster(mut c) => CROSS_SLOT_SCRIPT.load_async(&mut c).await.map(drop),
+        }
+    }
+
+    async fn slot_owners(&self) -> Result<SlotOwners, RedisError> {
+        let command = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        let reply = match self.clone() {
+            Connection::Single(mut c) => command.query_async::<redis::Value>(&mut c).await?,
+            Connection::Cluster(mut c) => command.query_async::<redis::Value>(&mut c).await?,
+        };
+        SlotOwners::from_cluster_slots(&reply)
+            .map_err(|error| RedisError::from((redis::ErrorKind::Client, "CLUSTER SLOTS", error)))
+    }
+
     async fn load_script(&self) -> Result<(), RedisError> {
         // On a cluster SCRIPT LOAD goes to every node.
         match self.clone() {
@@ -182,6 +208,54 @@ pub struct RedisStore {
     local: Arc<[LocalConnection]>,
     spec: RedisSpec,
     options: RedisOptions,
+    topology: Arc<Topology>,
+}
+
+/// What the store knows of a cluster's slots.
+#[derive(Default)]
+struct Topology {
+    /// Which node serves each slot, once known and once the cross-slot script is loaded.
+    owners: ArcSwapOption<SlotOwners>,
+    cross_slot_loaded: AtomicBool,
+    /// Woken when a call found the map stale, to read it again before the next period.
+    stale: tokio::sync::Notify,
+}
+
+impl Topology {
+    async fn refresh(&self, connection: &Connection) {
+        if !self.cross_slot_loaded.load(Ordering::Acquire) {
+            // Once is enough: a node that lacks it later (restarted, promoted) gets it with
+            // the first call, by EVAL.
+            match connection.load_cross_slot_script().await {
+                Ok(()) => self.cross_slot_loaded.store(true, Ordering::Release),
+                Err(error) => {
+                    tracing::debug!(%error, "the cluster cannot take cross-slot scripts (Redis 7+): one call per slot");
+                    return;
+                }
+            }
+        }
+        match connection.slot_owners().await {
+            Ok(owners) => self.owners.store(Some(Arc::new(owners))),
+            // A stale map is still mostly right, and a call it misleads is sent again.
+            Err(error) => tracing::warn!(%error, "reading the cluster's slot map failed"),
+        }
+    }
+
+    /// Keeps the map fresh while the store lives.
+    fn keep_fresh(topology: Weak<Self>, connection: Connection, period: Duration) {
+        tokio::spawn(async move {
+            loop {
+                let Some(current) = topology.upgrade() else {
+                    return;
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(period) => {}
+                    _ = current.stale.notified() => {}
+                }
+                current.refresh(&connection).await;
+            }
+        });
+    }
 }
 
 /// A runtime's own connection, made in the background on that runtime.
@@ -209,8 +283,11 @@ impl RedisStore {
                 .collect(),
             spec: spec.clone(),
             options,
+            topology: Arc::default(),
         });
         let slot = Arc::clone(&store.connections);
+        let topology = Arc::downgrade(&store.topology);
+        let refresh = store.options.slot_map_refresh;
         let timeout = store.options.timeout;
         let count = store.options.connections.max(1);
         tokio::spawn(async move {
@@ -219,6 +296,14 @@ impl RedisStore {
                 match connect_all(&spec, timeout, count).await {
                     Ok(connections) => {
                         tracing::info!(?spec, connections = count, "connected to Redis");
+                        // The slot map is read before the first call can be made, so that
+                        // calls group by node from the start.
+                        if let (Some(first), true, Some(known)) =
+                            (connections.first(), spec.cluster, topology.upgrade())
+                        {
+                            known.refresh(first).await;
+                            Topology::keep_fresh(topology, first.clone(), refresh);
+                        }
                         let _ = slot.set(connections);
                         return;
                     }
@@ -292,55 +377,96 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
     ) -> Result<Vec<Outcome>, StoreError> {
-        let charge = self.options.charge;
-        let now = self.explicit_now();
         let groups = match connection {
-            Connection::Single(_) => Vec::new(),
-            Connection::Cluster(_) => group_by_slot(hits),
+            Connection::Cluster(_) if hits.len() > 1 => {
+                plan(hits, self.topology.owners.load().as_deref())
+            }
+            _ => Vec::new(),
         };
         // The whole request in one call (a single Redis, or every counter in one slot): the
         // script applies the whole veto rule itself; no regrouping, no refund.
-        if groups.len() <= 1 {
-            let call = Call {
-                mode: Mode::Apply,
-                hits,
-                now,
-                charge,
-                complete: true,
-                expected: &[],
-            };
+        if groups.len() <= 1 && !groups.first().is_some_and(|group| group.cross_slot) {
+            let call = self.call(Mode::Apply, hits, false, true);
             return Ok(connection.call(&call).await.map_err(unavailable)?.outcomes);
         }
-        let grouped: Vec<Vec<Hit>> = groups
-            .iter()
-            .map(|indices: &Vec<usize>| indices.iter().map(|&i| hits[i].clone()).collect())
-            .collect();
-        let calls = grouped.iter().map(|group| {
-            let call = Call {
-                mode: Mode::Apply,
-                hits: group,
-                now,
-                charge,
-                complete: false,
-                expected: &[],
-            };
-            async move { connection.call(&call).await }
-        });
-        let replies = futures_util::future::try_join_all(calls)
-            .await
-            .map_err(unavailable)?;
+        self.apply_grouped(connection, hits, groups).await
+    }
+
+    fn call<'a>(&self, mode: Mode, hits: &'a [Hit], cross_slot: bool, complete: bool) -> Call<'a> {
+        Call {
+            mode,
+            hits,
+            cross_slot,
+            now: self.explicit_now(),
+            charge: self.options.charge,
+            complete,
+            expected: &[],
+        }
+    }
+
+    /// One call per group, all in flight at once; a cross-slot group that found a counter
+    /// off its node (a stale slot map) is sent again one slot at a time.
+    async fn apply_grouped(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+        groups: Vec<Group>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let complete = groups.len() == 1;
+        let results = self.send_groups(connection, hits, &groups, complete).await;
+        let mut sent: Vec<(Group, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
+        let mut again = Vec::new();
+        for (group, (group_hits, result)) in groups.into_iter().zip(results) {
+            match result {
+                Ok(reply) => sent.push((group, group_hits, reply)),
+                Err(error) if group.cross_slot && is_off_node(&error) => {
+                    again.extend(split_by_slot(&group, hits));
+                }
+                Err(error) => return Err(unavailable(error)),
+            }
+        }
+        if !again.is_empty() {
+            self.topology.stale.notify_one();
+            for (group, (group_hits, result)) in again
+                .iter()
+                .cloned()
+                .zip(self.send_groups(connection, hits, &again, false).await)
+            {
+                sent.push((group, group_hits, result.map_err(unavailable)?));
+            }
+        }
 
         let mut outcomes = vec![Outcome::default(); hits.len()];
-        for (indices, reply) in groups.iter().zip(&replies) {
-            for (&index, outcome) in indices.iter().zip(&reply.outcomes) {
+        for (group, _, reply) in &sent {
+            for (&index, outcome) in group.indices.iter().zip(&reply.outcomes) {
                 outcomes[index] = *outcome;
             }
         }
-        if charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed) {
-            self.refund(connection, &groups, &grouped, &replies, &mut outcomes)
-                .await;
+        if self.options.charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
+        {
+            self.refund(connection, &sent, &mut outcomes).await;
         }
         Ok(outcomes)
+    }
+
+    /// Applies each group's hits in one call, all at once; answers in the order of `groups`.
+    async fn send_groups(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+        groups: &[Group],
+        complete: bool,
+    ) -> Vec<(Vec<Hit>, Result<Reply, RedisError>)> {
+        let grouped: Vec<Vec<Hit>> = groups
+            .iter()
+            .map(|group| group.indices.iter().map(|&i| hits[i].clone()).collect())
+            .collect();
+        let calls = groups.iter().zip(&grouped).map(|(group, group_hits)| {
+            let call = self.call(Mode::Apply, group_hits, group.cross_slot, complete);
+            async move { connection.call(&call).await }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        grouped.into_iter().zip(results).collect()
     }
 
     /// Gives back what the committed groups of a vetoed request consumed; their allowed hits
@@ -350,18 +476,15 @@ impl RedisStore {
     async fn refund(
         &self,
         connection: &Connection,
-        groups: &[Vec<usize>],
-        grouped: &[Vec<Hit>],
-        replies: &[Reply],
+        sent: &[(Group, Vec<Hit>, Reply)],
         outcomes: &mut [Outcome],
     ) {
-        let refunds: Vec<Refund> = grouped
+        let refunds: Vec<Refund> = sent
             .iter()
-            .zip(replies)
-            .enumerate()
-            .filter(|(_, (_, reply))| reply.committed)
-            .map(|(group, (hits, reply))| Refund {
-                group,
+            .filter(|(_, _, reply)| reply.committed)
+            .map(|(group, hits, reply)| Refund {
+                indices: group.indices.clone(),
+                cross_slot: group.cross_slot,
                 hits: hits
                     .iter()
                     .zip(&reply.outcomes)
@@ -380,6 +503,7 @@ impl RedisStore {
                 let call = Call {
                     mode: Mode::Refund { at: refund.at },
                     hits: &refund.hits,
+                    cross_slot: refund.cross_slot,
                     now: None,
                     charge: Charge::IfAllowed,
                     complete: false,
@@ -394,9 +518,8 @@ impl RedisStore {
         match task.await {
             Ok((refunds, Ok(replies))) => {
                 for (refund, reply) in refunds.iter().zip(replies) {
-                    let indices = &groups[refund.group];
                     for ((&index, hit), outcome) in
-                        indices.iter().zip(&refund.hits).zip(reply.outcomes)
+                        refund.indices.iter().zip(&refund.hits).zip(reply.outcomes)
                     {
                         if hit.hits > 0 {
                             outcomes[index] = outcome;
@@ -412,35 +535,17 @@ impl RedisStore {
     }
 }
 
-/// What one committed slot group of a vetoed request gives back.
+/// What one committed group of a vetoed request gives back.
 struct Refund {
-    group: usize,
+    /// The group's hits, by index into the request's.
+    indices: Vec<usize>,
+    cross_slot: bool,
     /// The group's hits, with `hits` 0 for those that did not consume.
     hits: Vec<Hit>,
     /// When the apply call consumed.
     at: Micros,
     /// The state the apply call left, which a token bucket or GCRA refund requires.
     expected: Vec<(i64, i64)>,
-}
-
-/// Indices of `hits` per cluster slot, in request order within each slot.
-fn group_by_slot(hits: &[Hit]) -> Vec<Vec<usize>> {
-    let mut order: Vec<Slot> = Vec::new();
-    let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
-    for (index, hit) in hits.iter().enumerate() {
-        let slot = Slot::for_key(hit.key.as_str());
-        groups
-            .entry(slot)
-            .or_insert_with(|| {
-                order.push(slot);
-                Vec::new()
-            })
-            .push(index);
-    }
-    order
-        .iter()
-        .filter_map(|slot| groups.remove(slot))
-        .collect()
 }
 
 fn unavailable(error: RedisError) -> StoreError {

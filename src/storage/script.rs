@@ -5,7 +5,7 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, Script, ServerErrorKind};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
 use super::{Hit, Role, StoreError};
 use crate::algorithm::{Algorithm, Anchor, Charge, Outcome};
@@ -27,6 +27,13 @@ static SOURCE_TEXT: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
 /// The script, with its SHA1 computed once.
 pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE_TEXT));
 
+/// The same script declared `allow-cross-slot-keys` (Redis 7+, which older versions cannot
+/// even compile): on a cluster it may touch the counters of every slot its node serves.
+static CROSS_SLOT_TEXT: LazyLock<String> =
+    LazyLock::new(|| format!("#!lua flags=allow-cross-slot-keys\n{}", *SOURCE_TEXT));
+
+pub static CROSS_SLOT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&CROSS_SLOT_TEXT));
+
 /// Whether a call decides hits or gives back hits a vetoed request consumed elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -37,10 +44,14 @@ pub enum Mode {
     },
 }
 
-/// One call: `hits` (all in one slot), and whether they are the whole request.
+/// One call: `hits` (all in one slot, or with `cross_slot` on one node), and whether they are
+/// the whole request.
 pub struct Call<'a> {
     pub mode: Mode,
     pub hits: &'a [Hit],
+    /// The hits span several slots of one cluster node: sent to `CROSS_SLOT_SCRIPT`, with only
+    /// the first counter declared as a key (Redis requires declared keys to share a slot).
+    pub cross_slot: bool,
     /// Explicit time for tests; `None` uses Redis `TIME`.
     pub now: Option<Micros>,
     pub charge: Charge,
@@ -67,15 +78,18 @@ impl Call<'_> {
     /// ScriptInvocation: its NOSCRIPT recovery sends SCRIPT LOAD to every node of a cluster
     /// and fails while any node is down, which is exactly when a failover needs it.
     pub async fn invoke(&self, connection: &mut impl ConnectionLike) -> RedisResult<Vec<i64>> {
+        let (script, text) = if self.cross_slot {
+            (&*CROSS_SLOT_SCRIPT, CROSS_SLOT_TEXT.as_str())
+        } else {
+            (&*SCRIPT, SOURCE_TEXT.as_str())
+        };
         match self
-            .command("EVALSHA", SCRIPT.get_hash())
+            .command("EVALSHA", script.get_hash())
             .query_async(connection)
             .await
         {
             Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                self.command("EVAL", &SOURCE_TEXT)
-                    .query_async(connection)
-                    .await
+                self.command("EVAL", text).query_async(connection).await
             }
             result => result,
         }
@@ -87,10 +101,17 @@ impl Call<'_> {
         // Sized for the whole call up front (7 arguments, then 11 per hit, keys of about 70
         // bytes), so building it does not reallocate as arguments are added.
         let hits = self.hits.len();
-        let mut command = Cmd::with_capacity(7 + 11 * hits, 96 + 160 * hits);
-        command.arg(name).arg(script).arg(hits);
-        for hit in self.hits {
-            command.arg(hit.key.as_str());
+        let mut command = Cmd::with_capacity(8 + 12 * hits, 96 + 230 * hits);
+        command.arg(name).arg(script);
+        if self.cross_slot {
+            command
+                .arg(1)
+                .arg(self.hits.first().map_or("", |hit| hit.key.as_str()));
+        } else {
+            command.arg(hits);
+            for hit in self.hits {
+                command.arg(hit.key.as_str());
+            }
         }
         let (mode, now) = match self.mode {
             Mode::Apply => ("apply", self.now.map(|now| now.to_string())),
@@ -104,7 +125,8 @@ impl Call<'_> {
             } else {
                 "0"
             })
-            .arg(if self.complete { "1" } else { "0" });
+            .arg(if self.complete { "1" } else { "0" })
+            .arg(hits);
         for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
             let expected = self.expected.get(index).copied().unwrap_or((-1, -1));
@@ -131,8 +153,25 @@ impl Call<'_> {
                 .arg(expected.0)
                 .arg(expected.1);
         }
+        if self.cross_slot {
+            for hit in self.hits {
+                command.arg(hit.key.as_str());
+            }
+        }
         command
     }
+}
+
+/// Whether a cross-slot call failed because one of its counters is not (or no longer) served
+/// by the node it went to: a resharding or failover moved a slot since the slot map was read.
+/// The script reads every counter before writing any, so such a call changed nothing.
+pub fn is_off_node(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::CrossSlot
+        )
+    ) || error.to_string().contains("non local key")
 }
 
 /// Numbers per hit in a reply.

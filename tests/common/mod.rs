@@ -136,6 +136,7 @@ pub fn redis_store(
             clock: Some(Arc::new(clock.clone())),
             connections: 2,
             runtimes: 1,
+            slot_map_refresh: tollgate::storage::redis::SLOT_MAP_REFRESH,
         },
     );
     let options = StoreOptions {

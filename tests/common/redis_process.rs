@@ -259,6 +259,59 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The running master that serves `slot`.
+    pub fn owner_of(&self, slot: u16) -> &RedisServer {
+        let ranges = match self.masters()[0].try_query(&["CLUSTER", "SLOTS"]) {
+            Some(redis::Value::Array(ranges)) => ranges,
+            other => panic!("CLUSTER SLOTS answered {other:?}"),
+        };
+        let port = ranges
+            .iter()
+            .find_map(|range| match range {
+                redis::Value::Array(fields) => match fields.as_slice() {
+                    [
+                        redis::Value::Int(start),
+                        redis::Value::Int(end),
+                        redis::Value::Array(master),
+                        ..,
+                    ] if (*start..=*end).contains(&i64::from(slot)) => match master.get(1) {
+                        Some(redis::Value::Int(port)) => Some(*port),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no master serves slot {slot}"));
+        self.nodes
+            .iter()
+            .find(|node| i64::from(node.port) == port)
+            .expect("the owner is one of our nodes")
+    }
+
+    /// Moves `slot`, and the keys in it, to master `to`, the way a resharding does: importing
+    /// and migrating, MIGRATE of each key, then the new owner announced to every master.
+    pub fn move_slot(&self, slot: u16, to: &RedisServer) {
+        let from = self.owner_of(slot);
+        let (slot, to_port) = (slot.to_string(), to.port.to_string());
+        let (from_id, to_id) = (
+            from.query(&["CLUSTER", "MYID"]),
+            to.query(&["CLUSTER", "MYID"]),
+        );
+        to.query(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+        from.query(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+        let keys: Vec<String> = from
+            .try_query(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])
+            .and_then(|keys| redis::from_redis_value(keys).ok())
+            .expect("CLUSTER GETKEYSINSLOT");
+        for key in &keys {
+            from.query(&["MIGRATE", "127.0.0.1", &to_port, key, "0", "5000"]);
+        }
+        for master in self.masters() {
+            master.query(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+        }
+    }
+
     /// Sum of a command's calls over every running node.
     pub fn calls(&self, command: &str) -> u64 {
         self.nodes

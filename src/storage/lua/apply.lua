@@ -1,25 +1,32 @@
 -- Part 7: the entry point. Decides every hit of one request (or, on a cluster, of the hits of
--- one request that live in one slot) atomically, as src/storage/memory.rs does in-process.
+-- one request that live on one node) atomically, as src/storage/memory.rs does in-process.
 --
--- KEYS[i]   the counter of hit i (all in one slot; a counter may appear more than once).
+-- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
+--           or, for a call across the slots of one node (the allow-cross-slot-keys variant,
+--           Redis 7+), just the first hit's counter, which routes the call.
 -- ARGV[1]   "apply", or "refund": give back hits a committed call consumed, because another
---           slot of the same request vetoed it.
+--           group of the same request vetoed it.
 -- ARGV[2]   now in µs; "" to take it from Redis TIME (tests pass explicit instants). For
 --           "refund", the `now` the committed call returned.
 -- ARGV[3]   "1" with --count-denied (denied hits consume too), else "0".
 -- ARGV[4]   "1" when these are all the hits of the request, so the whole veto rule applies
---           here; "0" when other slots hold the rest (only an enforced denial vetoes here,
+--           here; "0" when other calls hold the rest (only an enforced denial vetoes here,
 --           the caller refunds when the whole request turns out vetoed).
--- ARGV[5..] 10 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
+-- ARGV[5]   n, the number of hits.
+-- ARGV[6..] 10 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
 --           (anchor, min_interval in ticks, or burst), hits, role (e enforced|q quota|s
 --           shadow), descriptor index (a descriptor's hits are adjacent), and for "refund" the
 --           two numbers the apply call reported for the counter (else -1 -1).
+-- then      when KEYS does not name every hit: the n counters, in hit order.
 -- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining,
 --           reset_after µs, retry_after µs, and the first two numbers of the counter's state
 --           after the call (-1 when it has none), which a refund checks.
 -- State     one string per counter, its numbers separated by spaces; expires once the limit
 --           is fully available again (PX), an hour later with an explicit clock, which does
 --           not run with Redis's.
+-- Writes    only after every counter is read: a cross-slot call that finds a counter no
+--           longer on its node fails on the read (Redis refuses the access), having changed
+--           nothing, so the caller can send its hits again one slot at a time.
 
 local ALGORITHMS = {
   fw = fixed_window,
@@ -41,11 +48,19 @@ end
 local charge = ARGV[3] == '1'
 local complete = ARGV[4] == '1'
 
+local count = tonumber(ARGV[5])
+if count == nil or (#KEYS ~= count and #ARGV ~= 5 + 11 * count) then
+  return redis.error_reply('ERR tollgate: malformed call')
+end
 local hits = {}
-for i = 1, #KEYS do
-  local base = 4 + (i - 1) * 10
+for i = 1, count do
+  local base = 5 + (i - 1) * 10
+  local key = KEYS[i]
+  if #KEYS ~= count then
+    key = ARGV[5 + 10 * count + i]
+  end
   local hit = {
-    key = KEYS[i],
+    key = key,
     algorithm = ALGORITHMS[ARGV[base + 1]],
     requests = tonumber(ARGV[base + 2]),
     window = tonumber(ARGV[base + 3]),
@@ -79,7 +94,7 @@ end
 local function encode(state)
   local parts = {}
   for i, number in ipairs(state) do
-    parts[i] = string.format('%.0f', number)
+    parts[i] = string.format('%d', number)
   end
   return table.concat(parts, ' ')
 end
@@ -190,14 +205,16 @@ if mode == 'refund' then
   end
   local final = {}
   for _, hit in ipairs(order) do
-    local state = read_state(hit.key)
+    final[hit.key] = read_state(hit.key)
+  end
+  for _, hit in ipairs(order) do
+    local state = final[hit.key]
     local unchanged = state and state[1] == hit.expect_1 and state[2] == hit.expect_2
     local exact = hit.algorithm ~= token_bucket and hit.algorithm ~= gcra
     if state and totals[hit.key] > 0 and (exact or unchanged) then
       give_back(hit, state, idiv(now, hit.tick), totals[hit.key])
       redis.call('SET', hit.key, encode(state), 'KEEPTTL')
     end
-    final[hit.key] = state
   end
   -- Refunded hits report a check on their counter as it now is.
   local decisions = {}
@@ -267,7 +284,7 @@ for key, state in pairs(stored) do
   final[key] = state
 end
 for key, state in pairs(after) do
-  redis.call('SET', key, encode(state), 'PX', string.format('%.0f', ttl_ms(expires[key])))
+  redis.call('SET', key, encode(state), 'PX', string.format('%d', ttl_ms(expires[key])))
   final[key] = state
 end
 return reply(now, 1, decisions, final)

@@ -1,0 +1,293 @@
+//! Which Redis Cluster master serves each slot, and how a request's hits split into script
+//! calls: one per node where the slot map is known (a call across the slots of one node), else
+//! one per slot. Fewer calls than slots matters: on a cluster every call costs the client and
+//! the node a fixed overhead that dwarfs what a counter adds (docs/performance.md).
+//!
+//! A stale map costs a retry, never a wrong count: a call across slots whose counters are no
+//! longer all on its node fails on its first read, having written nothing, and its hits are
+//! sent again one slot at a time (`split_by_slot`), which redis-rs routes and redirects.
+
+use redis::Value;
+
+use super::Hit;
+
+/// Slots in a Redis Cluster.
+pub const SLOTS: u16 = 16_384;
+
+/// The slot of a key, as Redis computes it: CRC16 of the hash tag (the first non-empty
+/// `{…}`), else of the whole key.
+pub fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes
+        .iter()
+        .position(|&byte| byte == b'{')
+        .and_then(|open| {
+            let rest = &bytes[open + 1..];
+            let close = rest.iter().position(|&byte| byte == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
+}
+
+/// The master of every slot, numbered in the order CLUSTER SLOTS named them.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SlotOwners {
+    owner: Box<[u16]>,
+}
+
+/// A slot no master serves (a cluster that is still forming or lost a shard).
+const NO_OWNER: u16 = u16::MAX;
+
+impl SlotOwners {
+    /// Reads a CLUSTER SLOTS reply: `[start, end, [host, port, id, …], replicas…]` per range.
+    /// A master is known by its node id, or by host and port where the id is missing.
+    pub fn from_cluster_slots(reply: &Value) -> Result<Self, String> {
+        let Value::Array(ranges) = reply else {
+            return Err(format!("CLUSTER SLOTS answered {reply:?}"));
+        };
+        let mut owner = vec![NO_OWNER; usize::from(SLOTS)].into_boxed_slice();
+        let mut masters: Vec<Vec<u8>> = Vec::new();
+        for range in ranges {
+            let (start, end, master) = match range {
+                Value::Array(fields) => match fields.as_slice() {
+                    [Value::Int(start), Value::Int(end), Value::Array(master), ..] => {
+                        (*start, *end, master)
+                    }
+                    _ => return Err(format!("unexpected CLUSTER SLOTS range {range:?}")),
+                },
+                _ => return Err(format!("unexpected CLUSTER SLOTS range {range:?}")),
+            };
+            let identity = match master.as_slice() {
+                [_, _, Value::BulkString(id), ..] if !id.is_empty() => id.clone(),
+                [Value::BulkString(host), Value::Int(port), ..] => {
+                    let mut identity = host.clone();
+                    identity.extend_from_slice(format!(":{port}").as_bytes());
+                    identity
+                }
+                _ => return Err(format!("unexpected CLUSTER SLOTS node {master:?}")),
+            };
+            let index = match masters.iter().position(|known| *known == identity) {
+                Some(index) => index,
+                None => {
+                    masters.push(identity);
+                    masters.len() - 1
+                }
+            };
+            let index = u16::try_from(index)
+                .ok()
+                .filter(|&index| index != NO_OWNER)
+                .ok_or("CLUSTER SLOTS names too many masters")?;
+            let slots = usize::try_from(start)
+                .ok()
+                .zip(usize::try_from(end).ok())
+                .filter(|&(start, end)| start <= end && end < owner.len())
+                .ok_or_else(|| format!("CLUSTER SLOTS range {start}-{end} out of bounds"))?;
+            owner[slots.0..=slots.1].fill(index);
+        }
+        Ok(Self { owner })
+    }
+
+    fn owner(&self, slot: u16) -> Option<u16> {
+        self.owner
+            .get(usize::from(slot))
+            .copied()
+            .filter(|&owner| owner != NO_OWNER)
+    }
+}
+
+/// The hits of one script call, by index into the request's hits (in request order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    pub indices: Vec<usize>,
+    /// The hits span more than one slot (of one node).
+    pub cross_slot: bool,
+}
+
+/// Splits hits into calls: by master when `owners` is known, else by slot. Groups come in the
+/// order of their first hit. A slot without a known master gets a call of its own.
+pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
+    // (what the group is keyed by, the slot of its first hit, the group)
+    let mut groups: Vec<(u32, u16, Group)> = Vec::new();
+    for (index, hit) in hits.iter().enumerate() {
+        let slot = slot_of(hit.key.as_str());
+        let by = match owners.and_then(|owners| owners.owner(slot)) {
+            Some(node) => u32::from(node),
+            None => u32::from(NO_OWNER) + 1 + u32::from(slot),
+        };
+        match groups.iter_mut().find(|(key, _, _)| *key == by) {
+            Some((_, first, group)) => {
+                group.indices.push(index);
+                group.cross_slot |= *first != slot;
+            }
+            None => groups.push((
+                by,
+                slot,
+                Group {
+                    indices: vec![index],
+                    cross_slot: false,
+                },
+            )),
+        }
+    }
+    groups.into_iter().map(|(_, _, group)| group).collect()
+}
+
+/// A group's hits one slot at a time, for when a call across slots found a counter moved.
+pub fn split_by_slot(group: &Group, hits: &[Hit]) -> Vec<Group> {
+    let mut slots: Vec<(u16, Group)> = Vec::new();
+    for &index in &group.indices {
+        let slot = slot_of(hits[index].key.as_str());
+        match slots.iter_mut().find(|(known, _)| *known == slot) {
+            Some((_, group)) => group.indices.push(index),
+            None => slots.push((
+                slot,
+                Group {
+                    indices: vec![index],
+                    cross_slot: false,
+                },
+            )),
+        }
+    }
+    slots.into_iter().map(|(_, group)| group).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Params};
+    use crate::storage::Role;
+    use crate::storage::keys::{EntryValue, counter_key};
+    use redis::cluster_routing::Slot;
+
+    fn hit(user: &str) -> Hit {
+        let params = Params {
+            algorithm: Algorithm::default(),
+            requests: 10,
+            window: 1_000_000,
+        };
+        Hit {
+            descriptor: 0,
+            key: counter_key("d", [("user", EntryValue::Actual(user))], &params),
+            params,
+            hits: 1,
+            role: Role::Enforced,
+        }
+    }
+
+    fn int(value: i64) -> Value {
+        Value::Int(value)
+    }
+
+    fn node(host: &str, port: i64, id: &str) -> Value {
+        Value::Array(vec![
+            Value::BulkString(host.into()),
+            int(port),
+            Value::BulkString(id.into()),
+        ])
+    }
+
+    /// Three masters: a 0-5460, b 5461-10922, c 10923-16383.
+    fn three_masters() -> SlotOwners {
+        let range = |start, end, master| Value::Array(vec![int(start), int(end), master]);
+        SlotOwners::from_cluster_slots(&Value::Array(vec![
+            range(0, 5460, node("127.0.0.1", 7000, "a")),
+            range(10923, 16383, node("127.0.0.1", 7002, "c")),
+            range(5461, 10922, node("127.0.0.1", 7001, "b")),
+        ]))
+        .unwrap()
+    }
+
+    #[test]
+    fn slots_are_the_ones_redis_computes() {
+        for key in [
+            "",
+            "a",
+            "user:1",
+            "{tag}x",
+            "x{tag}",
+            "{}x",
+            "{x",
+            "tollgate:v1:{ab}:fw",
+        ] {
+            assert_eq!(Some(Slot::for_key(key)), Slot::new(slot_of(key)), "{key}");
+        }
+        // Redis's own documentation: "123456789" hashes to 0x31C3, and a hash tag decides.
+        assert_eq!(slot_of("123456789"), 0x31C3);
+        assert_eq!(slot_of("{123456789}.following"), 0x31C3);
+    }
+
+    #[test]
+    fn cluster_slots_give_each_slot_its_master() {
+        let owners = three_masters();
+        assert_eq!(owners.owner(0), Some(0));
+        assert_eq!(owners.owner(5460), Some(0));
+        assert_eq!(owners.owner(10923), Some(1), "numbered in the order named");
+        assert_eq!(owners.owner(5461), Some(2));
+        assert_eq!(owners.owner(16383), Some(1));
+
+        let partial = SlotOwners::from_cluster_slots(&Value::Array(vec![Value::Array(vec![
+            int(0),
+            int(99),
+            node("h", 1, ""),
+        ])]))
+        .unwrap();
+        assert_eq!(partial.owner(99), Some(0));
+        assert_eq!(partial.owner(100), None);
+
+        for bad in [
+            Value::Okay,
+            Value::Array(vec![int(1)]),
+            Value::Array(vec![Value::Array(vec![int(5), int(4), node("h", 1, "a")])]),
+            Value::Array(vec![Value::Array(vec![
+                int(0),
+                int(16384),
+                node("h", 1, "a"),
+            ])]),
+        ] {
+            assert!(SlotOwners::from_cluster_slots(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn hits_group_by_master_when_known_else_by_slot() {
+        let hits: Vec<Hit> = (0..12).map(|i| hit(&format!("u{i}"))).collect();
+        let owners = three_masters();
+        let node_of = |index: usize| owners.owner(slot_of(hits[index].key.as_str()));
+
+        let by_node = plan(&hits, Some(&owners));
+        let distinct_nodes: std::collections::HashSet<_> = (0..12).map(node_of).collect();
+        assert_eq!(by_node.len(), distinct_nodes.len());
+        let mut seen: Vec<usize> = Vec::new();
+        for group in &by_node {
+            let node = node_of(group.indices[0]);
+            assert!(group.indices.iter().all(|&i| node_of(i) == node));
+            assert!(
+                group.indices.windows(2).all(|w| w[0] < w[1]),
+                "request order"
+            );
+            let slots: std::collections::HashSet<u16> = group
+                .indices
+                .iter()
+                .map(|&i| slot_of(hits[i].key.as_str()))
+                .collect();
+            assert_eq!(group.cross_slot, slots.len() > 1);
+            seen.extend(&group.indices);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..12).collect::<Vec<_>>(), "every hit exactly once");
+
+        let by_slot = plan(&hits, None);
+        let distinct_slots: std::collections::HashSet<u16> =
+            hits.iter().map(|h| slot_of(h.key.as_str())).collect();
+        assert_eq!(by_slot.len(), distinct_slots.len());
+        assert!(by_slot.iter().all(|group| !group.cross_slot));
+
+        for group in by_node.iter().filter(|group| group.cross_slot) {
+            let split = split_by_slot(group, &hits);
+            assert!(split.len() > 1 && split.iter().all(|g| !g.cross_slot));
+            let mut indices: Vec<usize> = split.iter().flat_map(|g| g.indices.clone()).collect();
+            indices.sort_unstable();
+            assert_eq!(indices, group.indices);
+        }
+    }
+}

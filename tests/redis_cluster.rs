@@ -321,7 +321,7 @@ async fn ready(store: &RedisStore) {
 }
 
 #[tokio::test]
-async fn a_call_across_the_slots_of_one_node_vetoes_itself() {
+async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
     let cluster = RedisCluster::start(3, 0);
     let store = cluster_store(&cluster);
     ready(&store).await;
@@ -365,6 +365,50 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself() {
         (true, 99),
         "nothing was consumed"
     );
+
+    // Two fresh users on that node (two slots: one call, which commits) and a third user, on
+    // another node, whose limit is used up: that node vetoes, and the first node's
+    // consumption is given back, slot by slot.
+    let elsewhere = (1..hits.len()).find(|&i| node(i) != node(0)).unwrap();
+    let fresh = (1..hits.len())
+        .filter(|&i| node(i) == node(0) && i != second)
+        .collect::<Vec<_>>();
+    let (x1, x2) = (
+        fresh[0],
+        *fresh.iter().find(|&&i| slot(i) != slot(fresh[0])).unwrap(),
+    );
+    let exhausted = Hit {
+        descriptor: 2,
+        ..hits[elsewhere].clone()
+    };
+    for _ in 0..100 {
+        assert!(store.apply(std::slice::from_ref(&exhausted)).await.unwrap()[0].allowed);
+    }
+    let request = [
+        hits[x1].clone(),
+        Hit {
+            descriptor: 1,
+            ..hits[x2].clone()
+        },
+        exhausted,
+    ];
+    let outcomes = store.apply(&request).await.unwrap();
+    assert_eq!(
+        outcomes
+            .iter()
+            .map(|o| (o.allowed, o.remaining))
+            .collect::<Vec<_>>(),
+        [(true, 100), (true, 100), (false, 0)],
+        "the refunded counters report themselves as they are after the refund"
+    );
+    for x in [x1, x2] {
+        let alone = store.apply(std::slice::from_ref(&hits[x])).await.unwrap();
+        assert_eq!(
+            (alone[0].allowed, alone[0].remaining),
+            (true, 99),
+            "given back"
+        );
+    }
 }
 
 #[tokio::test]
@@ -389,15 +433,17 @@ async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
     assert!(first.iter().all(|o| o.allowed && o.remaining == 99));
     assert_eq!(calls() - before, nodes(&cluster), "one call per node");
 
-    // Move one slot (and its counter) away from a node that serves another of the slots.
+    // Move one slot (and its counter) away from a node that serves another of the slots, one
+    // not first in its node's call (where redis-rs's routing never looks).
     let moved = (0..slots.len())
         .find(|&i| {
-            (0..slots.len()).any(|j| {
+            (0..i).any(|j| {
                 slots[j] != slots[i]
                     && cluster.owner_of(slots[j]).port == cluster.owner_of(slots[i]).port
             })
         })
         .expect("two of the slots on one node");
+    let nodes_before = nodes(&cluster);
     let from = cluster.owner_of(slots[moved]).port;
     let to = cluster
         .masters()
@@ -409,7 +455,13 @@ async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
 
     // The store still believes the old map: the call for `from` finds the counter gone and
     // is sent again per slot; every counter counts exactly once.
+    let before = calls();
     let second = store.apply(&hits).await.unwrap();
+    let retried = calls() - before;
+    assert!(
+        retried > nodes_before,
+        "the call for the old owner failed and was sent again per slot: {retried} calls"
+    );
     assert_eq!(
         second
             .iter()

@@ -103,7 +103,7 @@ async fn run_sequence(
         let call = Call {
             mode: Mode::Apply,
             hits: &one,
-            cross_slot: false,
+            node: None,
             now: Some(now),
             charge,
             complete: true,

@@ -37,7 +37,7 @@ async fn send(
     let call = Call {
         mode,
         hits,
-        cross_slot: false,
+        node: None,
         now: Some(now),
         charge: Charge::IfAllowed,
         complete: false,

@@ -14,7 +14,7 @@
 //! background with backoff, and until then every call and the health probe fail fast.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -149,9 +149,12 @@ enum Connection {
 
 impl Connection {
     async fn call(&self, call: &Call<'_>) -> Result<Reply, RedisError> {
-        let values = match self.clone() {
-            Connection::Single(mut connection) => call.invoke(&mut connection).await?,
-            Connection::Cluster(mut connection) => call.invoke(&mut connection).await?,
+        let values = match (self.clone(), call.node) {
+            (Connection::Cluster(mut connection), Some(node)) => {
+                call.invoke_on(&mut connection, node).await?
+            }
+            (Connection::Cluster(mut connection), None) => call.invoke(&mut connection).await?,
+            (Connection::Single(mut connection), _) => call.invoke(&mut connection).await?,
         };
         parse_reply(&values, call.hits.len()).map_err(|error| {
             RedisError::from((
@@ -187,8 +190,9 @@ impl Connection {
             Connection::Single(mut c) => command.query_async::<redis::Value>(&mut c).await?,
             Connection::Cluster(mut c) => command.query_async::<redis::Value>(&mut c).await?,
         };
-        SlotOwners::from_cluster_slots(&reply)
-            .map_err(|error| RedisError::from((redis::ErrorKind::Client, "CLUSTER SLOTS", error)))
+        SlotOwners::from_cluster_slots(&reply).map_err(|error| {
+            RedisError::from((redis::ErrorKind::Client, "CLUSTER SLOTS", error.to_string()))
+        })
     }
 
     async fn load_script(&self) -> Result<(), RedisError> {
@@ -209,53 +213,6 @@ pub struct RedisStore {
     spec: RedisSpec,
     options: RedisOptions,
     topology: Arc<Topology>,
-}
-
-/// What the store knows of a cluster's slots.
-#[derive(Default)]
-struct Topology {
-    /// Which node serves each slot, once known and once the cross-slot script is loaded.
-    owners: ArcSwapOption<SlotOwners>,
-    cross_slot_loaded: AtomicBool,
-    /// Woken when a call found the map stale, to read it again before the next period.
-    stale: tokio::sync::Notify,
-}
-
-impl Topology {
-    async fn refresh(&self, connection: &Connection) {
-        if !self.cross_slot_loaded.load(Ordering::Acquire) {
-            // Once is enough: a node that lacks it later (restarted, promoted) gets it with
-            // the first call, by EVAL.
-            match connection.load_cross_slot_script().await {
-                Ok(()) => self.cross_slot_loaded.store(true, Ordering::Release),
-                Err(error) => {
-                    tracing::debug!(%error, "the cluster cannot take cross-slot scripts (Redis 7+): one call per slot");
-                    return;
-                }
-            }
-        }
-        match connection.slot_owners().await {
-            Ok(owners) => self.owners.store(Some(Arc::new(owners))),
-            // A stale map is still mostly right, and a call it misleads is sent again.
-            Err(error) => tracing::warn!(%error, "reading the cluster's slot map failed"),
-        }
-    }
-
-    /// Keeps the map fresh while the store lives.
-    fn keep_fresh(topology: Weak<Self>, connection: Connection, period: Duration) {
-        tokio::spawn(async move {
-            loop {
-                let Some(current) = topology.upgrade() else {
-                    return;
-                };
-                tokio::select! {
-                    _ = tokio::time::sleep(period) => {}
-                    _ = current.stale.notified() => {}
-                }
-                current.refresh(&connection).await;
-            }
-        });
-    }
 }
 
 /// A runtime's own connection, made in the background on that runtime.
@@ -377,26 +334,35 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
     ) -> Result<Vec<Outcome>, StoreError> {
-        let groups = match connection {
+        let (owners, groups) = match connection {
             Connection::Cluster(_) if hits.len() > 1 => {
-                plan(hits, self.topology.owners.load().as_deref())
+                let owners = self.topology.owners.load_full();
+                let groups = plan(hits, owners.as_deref());
+                (owners, groups)
             }
-            _ => Vec::new(),
+            _ => (None, Vec::new()),
         };
         // The whole request in one call (a single Redis, or every counter in one slot): the
         // script applies the whole veto rule itself; no regrouping, no refund.
         if groups.len() <= 1 && !groups.first().is_some_and(|group| group.cross_slot) {
-            let call = self.call(Mode::Apply, hits, false, true);
+            let call = self.call(Mode::Apply, hits, None, true);
             return Ok(connection.call(&call).await.map_err(unavailable)?.outcomes);
         }
-        self.apply_grouped(connection, hits, groups).await
+        self.apply_grouped(connection, hits, groups, owners.as_deref())
+            .await
     }
 
-    fn call<'a>(&self, mode: Mode, hits: &'a [Hit], cross_slot: bool, complete: bool) -> Call<'a> {
+    fn call<'a>(
+        &self,
+        mode: Mode,
+        hits: &'a [Hit],
+        node: Option<(&'a str, u16)>,
+        complete: bool,
+    ) -> Call<'a> {
         Call {
             mode,
             hits,
-            cross_slot,
+            node,
             now: self.explicit_now(),
             charge: self.options.charge,
             complete,
@@ -411,27 +377,29 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
         groups: Vec<Group>,
+        owners: Option<&SlotOwners>,
     ) -> Result<Vec<Outcome>, StoreError> {
         let complete = groups.len() == 1;
-        let results = self.send_groups(connection, hits, &groups, complete).await;
+        let results = self
+            .send_groups(connection, hits, &groups, owners, complete)
+            .await;
         let mut sent: Vec<(Group, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
         let mut again = Vec::new();
         for (group, (group_hits, result)) in groups.into_iter().zip(results) {
             match result {
                 Ok(reply) => sent.push((group, group_hits, reply)),
                 Err(error) if group.cross_slot && is_off_node(&error) => {
-                    again.extend(split_by_slot(&group, hits));
+                    again.extend(split_by_slot(&group.indices, hits));
                 }
                 Err(error) => return Err(unavailable(error)),
             }
         }
         if !again.is_empty() {
             self.topology.stale.notify_one();
-            for (group, (group_hits, result)) in again
-                .iter()
-                .cloned()
-                .zip(self.send_groups(connection, hits, &again, false).await)
-            {
+            let results = self
+                .send_groups(connection, hits, &again, None, false)
+                .await;
+            for (group, (group_hits, result)) in again.into_iter().zip(results) {
                 sent.push((group, group_hits, result.map_err(unavailable)?));
             }
         }
@@ -450,11 +418,14 @@ impl RedisStore {
     }
 
     /// Applies each group's hits in one call, all at once; answers in the order of `groups`.
+    /// A cross-slot group goes to its node's address, which `owners` (what it was planned
+    /// with) holds.
     async fn send_groups(
         &self,
         connection: &Connection,
         hits: &[Hit],
         groups: &[Group],
+        owners: Option<&SlotOwners>,
         complete: bool,
     ) -> Vec<(Vec<Hit>, Result<Reply, RedisError>)> {
         let grouped: Vec<Vec<Hit>> = groups
@@ -462,8 +433,27 @@ impl RedisStore {
             .map(|group| group.indices.iter().map(|&i| hits[i].clone()).collect())
             .collect();
         let calls = groups.iter().zip(&grouped).map(|(group, group_hits)| {
-            let call = self.call(Mode::Apply, group_hits, group.cross_slot, complete);
-            async move { connection.call(&call).await }
+            let node = group
+                .node
+                .filter(|_| group.cross_slot)
+                .map(|node| owners.and_then(|owners| owners.address(node)));
+            async move {
+                match node {
+                    // Planned by node, so the node is known: this is never taken.
+                    Some(None) => Err(RedisError::from((
+                        redis::ErrorKind::ClusterConnectionNotFound,
+                        "no address for the node of a cross-slot call",
+                    ))),
+                    Some(Some(address)) => {
+                        let call = self.call(Mode::Apply, group_hits, Some(address), complete);
+                        connection.call(&call).await
+                    }
+                    None => {
+                        let call = self.call(Mode::Apply, group_hits, None, complete);
+                        connection.call(&call).await
+                    }
+                }
+            }
         });
         let results = futures_util::future::join_all(calls).await;
         grouped.into_iter().zip(results).collect()
@@ -479,22 +469,32 @@ impl RedisStore {
         sent: &[(Group, Vec<Hit>, Reply)],
         outcomes: &mut [Outcome],
     ) {
+        // One refund per slot (routed by key, as refunds are rare): a group's hits are at
+        // positions 0.. of its own hit list.
         let refunds: Vec<Refund> = sent
             .iter()
             .filter(|(_, _, reply)| reply.committed)
-            .map(|(group, hits, reply)| Refund {
-                indices: group.indices.clone(),
-                cross_slot: group.cross_slot,
-                hits: hits
-                    .iter()
-                    .zip(&reply.outcomes)
-                    .map(|(hit, outcome)| Hit {
-                        hits: if outcome.allowed { hit.hits } else { 0 },
-                        ..hit.clone()
+            .flat_map(|(group, hits, reply)| {
+                let positions: Vec<usize> = (0..hits.len()).collect();
+                split_by_slot(&positions, hits)
+                    .into_iter()
+                    .map(move |slot| Refund {
+                        indices: slot.indices.iter().map(|&p| group.indices[p]).collect(),
+                        hits: slot
+                            .indices
+                            .iter()
+                            .map(|&p| Hit {
+                                hits: if reply.outcomes[p].allowed {
+                                    hits[p].hits
+                                } else {
+                                    0
+                                },
+                                ..hits[p].clone()
+                            })
+                            .collect(),
+                        at: reply.now,
+                        expected: slot.indices.iter().map(|&p| reply.states[p]).collect(),
                     })
-                    .collect(),
-                at: reply.now,
-                expected: reply.states.clone(),
             })
             .collect();
         let connection = connection.clone();
@@ -503,7 +503,7 @@ impl RedisStore {
                 let call = Call {
                     mode: Mode::Refund { at: refund.at },
                     hits: &refund.hits,
-                    cross_slot: refund.cross_slot,
+                    node: None,
                     now: None,
                     charge: Charge::IfAllowed,
                     complete: false,
@@ -512,12 +512,19 @@ impl RedisStore {
                 let connection = &connection;
                 async move { connection.call(&call).await }
             });
-            let replies = futures_util::future::try_join_all(calls).await;
+            let replies = futures_util::future::join_all(calls).await;
             (refunds, replies)
         });
-        match task.await {
-            Ok((refunds, Ok(replies))) => {
-                for (refund, reply) in refunds.iter().zip(replies) {
+        let (refunds, replies) = match task.await {
+            Ok(done) => done,
+            Err(error) => {
+                tracing::warn!(%error, "refund task failed");
+                return;
+            }
+        };
+        for (refund, reply) in refunds.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
                     for ((&index, hit), outcome) in
                         refund.indices.iter().zip(&refund.hits).zip(reply.outcomes)
                     {
@@ -526,21 +533,93 @@ impl RedisStore {
                         }
                     }
                 }
+                Err(error) => {
+                    tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset");
+                }
             }
-            Ok((_, Err(error))) => {
-                tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset");
-            }
-            Err(error) => tracing::warn!(%error, "refund task failed"),
         }
     }
 }
 
-/// What one committed group of a vetoed request gives back.
+/// What the store knows of a cluster's slots.
+#[derive(Default)]
+struct Topology {
+    /// Which node serves each slot, once known and once the cross-slot script is loaded.
+    owners: ArcSwapOption<SlotOwners>,
+    cross_slot: AtomicU8,
+    /// Woken when a call found the map stale, to read it again before the next period.
+    stale: Arc<tokio::sync::Notify>,
+}
+
+/// `Topology::cross_slot`: whether the cross-slot script is loaded on every node.
+const NOT_YET: u8 = 0;
+const LOADED: u8 = 1;
+/// A node refused to compile it (Redis before 7): one call per slot for good.
+const REFUSED: u8 = 2;
+
+/// Reads of the slot map are at least this far apart, so that calls finding it stale while a
+/// migration is in progress (the map cannot show a half-moved slot) do not flood the cluster.
+const SLOT_MAP_MIN_GAP: Duration = Duration::from_secs(1);
+
+impl Topology {
+    async fn refresh(&self, connection: &Connection) {
+        if self.cross_slot.load(Ordering::Acquire) == NOT_YET {
+            // Once is enough: a node that lacks it later (restarted, promoted) gets it with
+            // its first call, by EVAL.
+            match connection.load_cross_slot_script().await {
+                Ok(()) => self.cross_slot.store(LOADED, Ordering::Release),
+                Err(error) if error.is_io_error() || error.is_timeout() => {
+                    tracing::warn!(%error, "loading the cross-slot script failed; one call per slot until it loads");
+                }
+                Err(error) => {
+                    tracing::info!(%error, "the cluster cannot run cross-slot scripts (Redis 7+): one call per slot");
+                    self.cross_slot.store(REFUSED, Ordering::Release);
+                }
+            }
+        }
+        if self.cross_slot.load(Ordering::Acquire) != LOADED {
+            return;
+        }
+        match connection.slot_owners().await {
+            Ok(owners) => self.owners.store(Some(Arc::new(owners))),
+            // A stale map is still mostly right, and a call it misleads is sent again.
+            Err(error) => tracing::warn!(%error, "reading the cluster's slot map failed"),
+        }
+    }
+
+    /// Keeps the map fresh while the store lives (the task holds the topology only while it
+    /// reads the map).
+    fn keep_fresh(topology: Weak<Self>, connection: Connection, period: Duration) {
+        let Some(stale) = topology
+            .upgrade()
+            .map(|topology| Arc::clone(&topology.stale))
+        else {
+            return;
+        };
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SLOT_MAP_MIN_GAP.min(period)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(period.saturating_sub(SLOT_MAP_MIN_GAP)) => {}
+                    _ = stale.notified() => {}
+                }
+                let Some(topology) = topology.upgrade() else {
+                    return;
+                };
+                if topology.cross_slot.load(Ordering::Acquire) == REFUSED {
+                    return;
+                }
+                topology.refresh(&connection).await;
+            }
+        });
+    }
+}
+
+/// What one slot of a committed group of a vetoed request gives back.
 struct Refund {
-    /// The group's hits, by index into the request's.
+    /// The hits, by index into the request's.
     indices: Vec<usize>,
-    cross_slot: bool,
-    /// The group's hits, with `hits` 0 for those that did not consume.
+    /// The hits, with `hits` 0 for those that did not consume.
     hits: Vec<Hit>,
     /// When the apply call consumed.
     at: Micros,

@@ -5,6 +5,8 @@
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
 use super::{Hit, Role, StoreError};
@@ -27,11 +29,12 @@ static SOURCE_TEXT: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
 /// The script, with its SHA1 computed once.
 pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE_TEXT));
 
-/// The same script declared `allow-cross-slot-keys` (Redis 7+, which older versions cannot
-/// even compile): on a cluster it may touch the counters of every slot its node serves.
+/// The text of `CROSS_SLOT_SCRIPT`.
 static CROSS_SLOT_TEXT: LazyLock<String> =
     LazyLock::new(|| format!("#!lua flags=allow-cross-slot-keys\n{}", *SOURCE_TEXT));
 
+/// The same script declared `allow-cross-slot-keys` (Redis 7+; older versions cannot even
+/// compile it): on a cluster it may touch the counters of every slot its node serves.
 pub static CROSS_SLOT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&CROSS_SLOT_TEXT));
 
 /// Whether a call decides hits or gives back hits a vetoed request consumed elsewhere.
@@ -44,14 +47,17 @@ pub enum Mode {
     },
 }
 
-/// One call: `hits` (all in one slot, or with `cross_slot` on one node), and whether they are
-/// the whole request.
+/// One call: `hits` (all in one slot, or with `node` on one node), and whether they are the
+/// whole request.
 pub struct Call<'a> {
     pub mode: Mode,
     pub hits: &'a [Hit],
-    /// The hits span several slots of one cluster node: sent to `CROSS_SLOT_SCRIPT`, with only
-    /// the first counter declared as a key (Redis requires declared keys to share a slot).
-    pub cross_slot: bool,
+    /// `Some(host, port)`: the hits span several slots of the cluster node at that address,
+    /// and go to it by `CROSS_SLOT_SCRIPT`, declaring no key (Redis requires declared keys to
+    /// share a slot). With no declared key Redis never redirects the call (no MOVED, no ASK, so
+    /// no ASKING that would make a migrating slot's missing counters look local): a counter
+    /// not on the node fails the script's read of it, before any write.
+    pub node: Option<(&'a str, u16)>,
     /// Explicit time for tests; `None` uses Redis `TIME`.
     pub now: Option<Micros>,
     pub charge: Charge,
@@ -78,35 +84,64 @@ impl Call<'_> {
     /// ScriptInvocation: its NOSCRIPT recovery sends SCRIPT LOAD to every node of a cluster
     /// and fails while any node is down, which is exactly when a failover needs it.
     pub async fn invoke(&self, connection: &mut impl ConnectionLike) -> RedisResult<Vec<i64>> {
-        let (script, text) = if self.cross_slot {
-            (&*CROSS_SLOT_SCRIPT, CROSS_SLOT_TEXT.as_str())
-        } else {
-            (&*SCRIPT, SOURCE_TEXT.as_str())
-        };
+        let (script, text) = self.script();
         match self
             .command("EVALSHA", script.get_hash())
             .query_async(connection)
             .await
         {
-            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            Err(error) if is_no_script(&error) => {
                 self.command("EVAL", text).query_async(connection).await
             }
             result => result,
         }
     }
 
+    /// `invoke` on the cluster node at `host:port` (a cross-slot call has no key to route by).
+    pub async fn invoke_on(
+        &self,
+        connection: &mut ClusterConnection,
+        (host, port): (&str, u16),
+    ) -> RedisResult<Vec<i64>> {
+        let node = || {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            })
+        };
+        let (script, text) = self.script();
+        let reply = match connection
+            .route_command(self.command("EVALSHA", script.get_hash()), node())
+            .await
+        {
+            Err(error) if is_no_script(&error) => {
+                connection
+                    .route_command(self.command("EVAL", text), node())
+                    .await
+            }
+            result => result,
+        }?;
+        Ok(redis::from_redis_value(reply)?)
+    }
+
+    fn script(&self) -> (&'static Script, &'static str) {
+        if self.node.is_some() {
+            (&CROSS_SLOT_SCRIPT, CROSS_SLOT_TEXT.as_str())
+        } else {
+            (&SCRIPT, SOURCE_TEXT.as_str())
+        }
+    }
+
     /// `EVALSHA sha numkeys key… arg…` or `EVAL script numkeys key… arg…`; redis-rs routes it on
     /// a cluster by its first key.
     fn command(&self, name: &str, script: &str) -> Cmd {
-        // Sized for the whole call up front (7 arguments, then 11 per hit, keys of about 70
+        // Sized for the whole call up front (8 arguments, then 11 per hit, keys of about 70
         // bytes), so building it does not reallocate as arguments are added.
         let hits = self.hits.len();
-        let mut command = Cmd::with_capacity(8 + 12 * hits, 96 + 230 * hits);
+        let mut command = Cmd::with_capacity(8 + 11 * hits, 96 + 160 * hits);
         command.arg(name).arg(script);
-        if self.cross_slot {
-            command
-                .arg(1)
-                .arg(self.hits.first().map_or("", |hit| hit.key.as_str()));
+        if self.node.is_some() {
+            command.arg(0);
         } else {
             command.arg(hits);
             for hit in self.hits {
@@ -153,7 +188,7 @@ impl Call<'_> {
                 .arg(expected.0)
                 .arg(expected.1);
         }
-        if self.cross_slot {
+        if self.node.is_some() {
             for hit in self.hits {
                 command.arg(hit.key.as_str());
             }
@@ -163,15 +198,16 @@ impl Call<'_> {
 }
 
 /// Whether a cross-slot call failed because one of its counters is not (or no longer) served
-/// by the node it went to: a resharding or failover moved a slot since the slot map was read.
+/// by the node it went to (a resharding or failover moved a slot since the slot map was read),
+/// or because that node is no longer one redis-rs is connected to.
 /// The script reads every counter before writing any, so such a call changed nothing.
 pub fn is_off_node(error: &RedisError) -> bool {
-    matches!(
-        error.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::CrossSlot
-        )
-    ) || error.to_string().contains("non local key")
+    error.kind() == ErrorKind::ClusterConnectionNotFound
+        || error.to_string().contains("non local key")
+}
+
+fn is_no_script(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Numbers per hit in a reply.

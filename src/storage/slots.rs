@@ -3,9 +3,10 @@
 //! one per slot. Fewer calls than slots matters: on a cluster every call costs the client and
 //! the node a fixed overhead that dwarfs what a counter adds (docs/performance.md).
 //!
-//! A stale map costs a retry, never a wrong count: a call across slots whose counters are no
-//! longer all on its node fails on its first read, having written nothing, and its hits are
-//! sent again one slot at a time (`split_by_slot`), which redis-rs routes and redirects.
+//! A stale map costs a retry, never a wrong count: a call across slots whose counters are not
+//! all on its node fails on the read of the first one that is not, having written nothing, and
+//! its hits are sent again one slot at a time (`split_by_slot`), which redis-rs routes and
+//! redirects.
 
 use redis::Value;
 
@@ -29,62 +30,75 @@ pub fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS
 }
 
-/// The master of every slot, numbered in the order CLUSTER SLOTS named them.
+/// The master of every slot, numbered in the order CLUSTER SLOTS named them, and where each
+/// master is (the address redis-rs knows it by, from the same reply).
 #[derive(Debug, PartialEq, Eq)]
 pub struct SlotOwners {
     owner: Box<[u16]>,
+    masters: Vec<(String, u16)>,
 }
 
-/// A slot no master serves (a cluster that is still forming or lost a shard).
+/// A slot no master serves (a cluster that is still forming or lost a shard), or one whose
+/// master has no usable address.
 const NO_OWNER: u16 = u16::MAX;
 
+#[derive(Debug, thiserror::Error)]
+pub enum SlotMapError {
+    #[error("CLUSTER SLOTS answered something other than a list of ranges")]
+    NotAList,
+    #[error("CLUSTER SLOTS range {0} is not [start, end, [host, port, …], …]")]
+    Range(usize),
+    #[error("CLUSTER SLOTS range {0} is out of bounds")]
+    OutOfBounds(usize),
+    #[error("CLUSTER SLOTS names more masters than tollgate can number")]
+    TooManyMasters,
+}
+
 impl SlotOwners {
-    /// Reads a CLUSTER SLOTS reply: `[start, end, [host, port, id, …], replicas…]` per range.
-    /// A master is known by its node id, or by host and port where the id is missing.
-    pub fn from_cluster_slots(reply: &Value) -> Result<Self, String> {
+    /// Reads a CLUSTER SLOTS reply: `[start, end, [host, port, …], replicas…]` per range. A
+    /// master announced without a host (`""` or `"?"`: "the address you reached me at") is
+    /// left out: its slots get calls of their own, routed by key.
+    pub fn from_cluster_slots(reply: &Value) -> Result<Self, SlotMapError> {
         let Value::Array(ranges) = reply else {
-            return Err(format!("CLUSTER SLOTS answered {reply:?}"));
+            return Err(SlotMapError::NotAList);
         };
         let mut owner = vec![NO_OWNER; usize::from(SLOTS)].into_boxed_slice();
-        let mut masters: Vec<Vec<u8>> = Vec::new();
-        for range in ranges {
-            let (start, end, master) = match range {
-                Value::Array(fields) => match fields.as_slice() {
-                    [Value::Int(start), Value::Int(end), Value::Array(master), ..] => {
-                        (*start, *end, master)
-                    }
-                    _ => return Err(format!("unexpected CLUSTER SLOTS range {range:?}")),
-                },
-                _ => return Err(format!("unexpected CLUSTER SLOTS range {range:?}")),
+        let mut masters: Vec<(String, u16)> = Vec::new();
+        for (number, range) in ranges.iter().enumerate() {
+            let Value::Array(fields) = range else {
+                return Err(SlotMapError::Range(number));
             };
-            let identity = match master.as_slice() {
-                [_, _, Value::BulkString(id), ..] if !id.is_empty() => id.clone(),
-                [Value::BulkString(host), Value::Int(port), ..] => {
-                    let mut identity = host.clone();
-                    identity.extend_from_slice(format!(":{port}").as_bytes());
-                    identity
-                }
-                _ => return Err(format!("unexpected CLUSTER SLOTS node {master:?}")),
+            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = fields.as_slice()
+            else {
+                return Err(SlotMapError::Range(number));
             };
-            let index = match masters.iter().position(|known| *known == identity) {
+            let [Value::BulkString(host), Value::Int(port), ..] = master.as_slice() else {
+                return Err(SlotMapError::Range(number));
+            };
+            let slots = usize::try_from(*start)
+                .ok()
+                .zip(usize::try_from(*end).ok())
+                .filter(|&(start, end)| start <= end && end < owner.len())
+                .ok_or(SlotMapError::OutOfBounds(number))?;
+            let host = String::from_utf8_lossy(host);
+            let (Ok(port), false) = (u16::try_from(*port), host.is_empty() || host == "?") else {
+                continue;
+            };
+            let address = (host.into_owned(), port);
+            let index = match masters.iter().position(|known| *known == address) {
                 Some(index) => index,
                 None => {
-                    masters.push(identity);
+                    masters.push(address);
                     masters.len() - 1
                 }
             };
             let index = u16::try_from(index)
                 .ok()
                 .filter(|&index| index != NO_OWNER)
-                .ok_or("CLUSTER SLOTS names too many masters")?;
-            let slots = usize::try_from(start)
-                .ok()
-                .zip(usize::try_from(end).ok())
-                .filter(|&(start, end)| start <= end && end < owner.len())
-                .ok_or_else(|| format!("CLUSTER SLOTS range {start}-{end} out of bounds"))?;
+                .ok_or(SlotMapError::TooManyMasters)?;
             owner[slots.0..=slots.1].fill(index);
         }
-        Ok(Self { owner })
+        Ok(Self { owner, masters })
     }
 
     fn owner(&self, slot: u16) -> Option<u16> {
@@ -92,6 +106,13 @@ impl SlotOwners {
             .get(usize::from(slot))
             .copied()
             .filter(|&owner| owner != NO_OWNER)
+    }
+
+    /// Host and port of master `node` (as numbered in `Group::node`).
+    pub fn address(&self, node: u16) -> Option<(&str, u16)> {
+        self.masters
+            .get(usize::from(node))
+            .map(|(host, port)| (host.as_str(), *port))
     }
 }
 
@@ -101,6 +122,8 @@ pub struct Group {
     pub indices: Vec<usize>,
     /// The hits span more than one slot (of one node).
     pub cross_slot: bool,
+    /// The master serving every hit's slot, by its number in the `SlotOwners` planned with.
+    pub node: Option<u16>,
 }
 
 /// Splits hits into calls: by master when `owners` is known, else by slot. Groups come in the
@@ -110,7 +133,8 @@ pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
     let mut groups: Vec<(u32, u16, Group)> = Vec::new();
     for (index, hit) in hits.iter().enumerate() {
         let slot = slot_of(hit.key.as_str());
-        let by = match owners.and_then(|owners| owners.owner(slot)) {
+        let node = owners.and_then(|owners| owners.owner(slot));
+        let by = match node {
             Some(node) => u32::from(node),
             None => u32::from(NO_OWNER) + 1 + u32::from(slot),
         };
@@ -125,6 +149,7 @@ pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
                 Group {
                     indices: vec![index],
                     cross_slot: false,
+                    node,
                 },
             )),
         }
@@ -132,10 +157,11 @@ pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
     groups.into_iter().map(|(_, _, group)| group).collect()
 }
 
-/// A group's hits one slot at a time, for when a call across slots found a counter moved.
-pub fn split_by_slot(group: &Group, hits: &[Hit]) -> Vec<Group> {
+/// Hits one slot at a time (each group routed by its key): for when a call across slots found
+/// a counter moved, and for refunds, which are rare enough not to need the slot map.
+pub fn split_by_slot(indices: &[usize], hits: &[Hit]) -> Vec<Group> {
     let mut slots: Vec<(u16, Group)> = Vec::new();
-    for &index in &group.indices {
+    for &index in indices {
         let slot = slot_of(hits[index].key.as_str());
         match slots.iter_mut().find(|(known, _)| *known == slot) {
             Some((_, group)) => group.indices.push(index),
@@ -144,6 +170,7 @@ pub fn split_by_slot(group: &Group, hits: &[Hit]) -> Vec<Group> {
                 Group {
                     indices: vec![index],
                     cross_slot: false,
+                    node: None,
                 },
             )),
         }
@@ -186,7 +213,7 @@ mod tests {
         ])
     }
 
-    /// Three masters: a 0-5460, b 5461-10922, c 10923-16383.
+    /// Three masters: a 0-5460, c 10923-16383, b 5461-10922 (in that order).
     fn three_masters() -> SlotOwners {
         let range = |start, end, master| Value::Array(vec![int(start), int(end), master]);
         SlotOwners::from_cluster_slots(&Value::Array(vec![
@@ -224,15 +251,21 @@ mod tests {
         assert_eq!(owners.owner(10923), Some(1), "numbered in the order named");
         assert_eq!(owners.owner(5461), Some(2));
         assert_eq!(owners.owner(16383), Some(1));
+        assert_eq!(owners.address(1), Some(("127.0.0.1", 7002)));
+        assert_eq!(owners.address(3), None);
 
-        let partial = SlotOwners::from_cluster_slots(&Value::Array(vec![Value::Array(vec![
-            int(0),
-            int(99),
-            node("h", 1, ""),
-        ])]))
+        let partial = SlotOwners::from_cluster_slots(&Value::Array(vec![
+            Value::Array(vec![int(0), int(99), node("h", 1, "")]),
+            Value::Array(vec![int(100), int(199), node("", 2, "x")]),
+        ]))
         .unwrap();
         assert_eq!(partial.owner(99), Some(0));
-        assert_eq!(partial.owner(100), None);
+        assert_eq!(
+            partial.owner(100),
+            None,
+            "no host: no address to call it by"
+        );
+        assert_eq!(partial.owner(200), None, "no master");
 
         for bad in [
             Value::Okay,
@@ -283,7 +316,8 @@ mod tests {
         assert!(by_slot.iter().all(|group| !group.cross_slot));
 
         for group in by_node.iter().filter(|group| group.cross_slot) {
-            let split = split_by_slot(group, &hits);
+            assert!(owners.address(group.node.unwrap()).is_some());
+            let split = split_by_slot(&group.indices, &hits);
             assert!(split.len() > 1 && split.iter().all(|g| !g.cross_slot));
             let mut indices: Vec<usize> = split.iter().flat_map(|g| g.indices.clone()).collect();
             indices.sort_unstable();

@@ -2,8 +2,8 @@
 -- one request that live on one node) atomically, as src/storage/memory.rs does in-process.
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
---           or, for a call across the slots of one node (the allow-cross-slot-keys variant,
---           Redis 7+), just the first hit's counter, which routes the call.
+--           or none, for a call across the slots of one node (the allow-cross-slot-keys
+--           variant, Redis 7+, sent to the node by address).
 -- ARGV[1]   "apply", or "refund": give back hits a committed call consumed, because another
 --           group of the same request vetoed it.
 -- ARGV[2]   now in µs; "" to take it from Redis TIME (tests pass explicit instants). For
@@ -17,16 +17,16 @@
 --           (anchor, min_interval in ticks, or burst), hits, role (e enforced|q quota|s
 --           shadow), descriptor index (a descriptor's hits are adjacent), and for "refund" the
 --           two numbers the apply call reported for the counter (else -1 -1).
--- then      when KEYS does not name every hit: the n counters, in hit order.
+-- then      when KEYS is empty: the n counters, in hit order.
 -- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining,
 --           reset_after µs, retry_after µs, and the first two numbers of the counter's state
 --           after the call (-1 when it has none), which a refund checks.
 -- State     one string per counter, its numbers separated by spaces; expires once the limit
 --           is fully available again (PX), an hour later with an explicit clock, which does
 --           not run with Redis's.
--- Writes    only after every counter is read: a cross-slot call that finds a counter no
---           longer on its node fails on the read (Redis refuses the access), having changed
---           nothing, so the caller can send its hits again one slot at a time.
+-- Writes    only after every counter is read: a cross-slot call that finds a counter not on
+--           its node fails on the read of that counter (Redis refuses the access), having
+--           changed nothing, so the caller can send its hits again one slot at a time.
 
 local ALGORITHMS = {
   fw = fixed_window,
@@ -49,14 +49,15 @@ local charge = ARGV[3] == '1'
 local complete = ARGV[4] == '1'
 
 local count = tonumber(ARGV[5])
-if count == nil or (#KEYS ~= count and #ARGV ~= 5 + 11 * count) then
+local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 5 + 11 * count
+if count == nil or not (keys_in_argv or (#KEYS == count and #ARGV == 5 + 10 * count)) then
   return redis.error_reply('ERR tollgate: malformed call')
 end
 local hits = {}
 for i = 1, count do
   local base = 5 + (i - 1) * 10
   local key = KEYS[i]
-  if #KEYS ~= count then
+  if keys_in_argv then
     key = ARGV[5 + 10 * count + i]
   end
   local hit = {

@@ -412,6 +412,33 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
 }
 
 #[tokio::test]
+async fn a_request_whose_call_fails_on_one_node_gives_back_what_the_others_consumed() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster_store(&cluster);
+    ready(&store).await;
+    let users: Vec<String> = (0..100).map(|i| format!("u{i}")).collect();
+    let hits = user_hits(&users);
+    let node = |index: usize| cluster.owner_of(slot_of(hits[index].key.as_str())).port;
+    let other = (1..hits.len()).find(|&i| node(i) != node(0)).unwrap();
+    // The second counter's key holds a list: the script's GET of it fails on its node, after
+    // the first node's call committed.
+    let broken = hits[other].key.as_str();
+    cluster
+        .owner_of(slot_of(broken))
+        .query(&["RPUSH", broken, "not a counter"]);
+    let request = [hits[0].clone(), hits[other].clone()];
+
+    let error = store.apply(&request).await.unwrap_err();
+    assert!(error.to_string().contains("WRONGTYPE"), "{error}");
+    let alone = store.apply(std::slice::from_ref(&hits[0])).await.unwrap();
+    assert_eq!(
+        (alone[0].allowed, alone[0].remaining),
+        (true, 99),
+        "the failed request consumed nothing"
+    );
+}
+
+#[tokio::test]
 async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
     let cluster = RedisCluster::start(3, 0);
     let store = cluster_store(&cluster);

@@ -334,13 +334,14 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
     ) -> Result<Vec<Outcome>, StoreError> {
-        let (owners, groups) = match connection {
-            Connection::Cluster(_) if hits.len() > 1 => {
-                let owners = self.topology.owners.load_full();
-                let groups = plan(hits, owners.as_deref());
-                (owners, groups)
-            }
-            _ => (None, Vec::new()),
+        // Held for the call: the groups borrow their nodes' addresses from it.
+        let owners = match connection {
+            Connection::Cluster(_) if hits.len() > 1 => self.topology.owners.load_full(),
+            _ => None,
+        };
+        let groups = match connection {
+            Connection::Cluster(_) if hits.len() > 1 => plan(hits, owners.as_deref()),
+            _ => Vec::new(),
         };
         // The whole request in one call (a single Redis, or every counter in one slot): the
         // script applies the whole veto rule itself; no regrouping, no refund.
@@ -348,8 +349,7 @@ impl RedisStore {
             let call = self.call(Mode::Apply, hits, None, true);
             return Ok(connection.call(&call).await.map_err(unavailable)?.outcomes);
         }
-        self.apply_grouped(connection, hits, groups, owners.as_deref())
-            .await
+        self.apply_grouped(connection, hits, groups).await
     }
 
     fn call<'a>(
@@ -371,36 +371,38 @@ impl RedisStore {
     }
 
     /// One call per group, all in flight at once; a cross-slot group that found a counter
-    /// off its node (a stale slot map) is sent again one slot at a time.
+    /// off its node (a stale slot map) is sent again one slot at a time. A request with a
+    /// call that failed fails as a whole, and what its other calls consumed is given back.
     async fn apply_grouped(
         &self,
         connection: &Connection,
         hits: &[Hit],
-        groups: Vec<Group>,
-        owners: Option<&SlotOwners>,
+        groups: Vec<Group<'_>>,
     ) -> Result<Vec<Outcome>, StoreError> {
         let complete = groups.len() == 1;
-        let results = self
-            .send_groups(connection, hits, &groups, owners, complete)
-            .await;
-        let mut sent: Vec<(Group, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
+        let results = self.send_groups(connection, hits, &groups, complete).await;
+        let mut sent: Vec<(Group<'_>, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
         let mut again = Vec::new();
+        let mut failure = None;
         for (group, (group_hits, result)) in groups.into_iter().zip(results) {
             match result {
                 Ok(reply) => sent.push((group, group_hits, reply)),
                 Err(error) if group.cross_slot && is_off_node(&error) => {
                     again.extend(split_by_slot(&group.indices, hits));
                 }
-                Err(error) => return Err(unavailable(error)),
+                Err(error) => failure = failure.or(Some(error)),
             }
         }
         if !again.is_empty() {
             self.topology.stale.notify_one();
-            let results = self
-                .send_groups(connection, hits, &again, None, false)
-                .await;
+        }
+        if !again.is_empty() && failure.is_none() {
+            let results = self.send_groups(connection, hits, &again, false).await;
             for (group, (group_hits, result)) in again.into_iter().zip(results) {
-                sent.push((group, group_hits, result.map_err(unavailable)?));
+                match result {
+                    Ok(reply) => sent.push((group, group_hits, reply)),
+                    Err(error) => failure = failure.or(Some(error)),
+                }
             }
         }
 
@@ -410,6 +412,10 @@ impl RedisStore {
                 outcomes[index] = *outcome;
             }
         }
+        if let Some(error) = failure {
+            self.refund(connection, &sent, &mut outcomes).await;
+            return Err(unavailable(error));
+        }
         if self.options.charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
         {
             self.refund(connection, &sent, &mut outcomes).await;
@@ -418,14 +424,12 @@ impl RedisStore {
     }
 
     /// Applies each group's hits in one call, all at once; answers in the order of `groups`.
-    /// A cross-slot group goes to its node's address, which `owners` (what it was planned
-    /// with) holds.
+    /// A cross-slot group goes to its node's address.
     async fn send_groups(
         &self,
         connection: &Connection,
         hits: &[Hit],
-        groups: &[Group],
-        owners: Option<&SlotOwners>,
+        groups: &[Group<'_>],
         complete: bool,
     ) -> Vec<(Vec<Hit>, Result<Reply, RedisError>)> {
         let grouped: Vec<Vec<Hit>> = groups
@@ -433,40 +437,24 @@ impl RedisStore {
             .map(|group| group.indices.iter().map(|&i| hits[i].clone()).collect())
             .collect();
         let calls = groups.iter().zip(&grouped).map(|(group, group_hits)| {
-            let node = group
-                .node
-                .filter(|_| group.cross_slot)
-                .map(|node| owners.and_then(|owners| owners.address(node)));
+            let node = group.node.filter(|_| group.cross_slot);
             async move {
-                match node {
-                    // Planned by node, so the node is known: this is never taken.
-                    Some(None) => Err(RedisError::from((
-                        redis::ErrorKind::ClusterConnectionNotFound,
-                        "no address for the node of a cross-slot call",
-                    ))),
-                    Some(Some(address)) => {
-                        let call = self.call(Mode::Apply, group_hits, Some(address), complete);
-                        connection.call(&call).await
-                    }
-                    None => {
-                        let call = self.call(Mode::Apply, group_hits, None, complete);
-                        connection.call(&call).await
-                    }
-                }
+                let call = self.call(Mode::Apply, group_hits, node, complete);
+                connection.call(&call).await
             }
         });
         let results = futures_util::future::join_all(calls).await;
         grouped.into_iter().zip(results).collect()
     }
 
-    /// Gives back what the committed groups of a vetoed request consumed; their allowed hits
+    /// Gives back what the committed groups of a vetoed or failed request consumed; their allowed hits
     /// then report their counters as they are after the refund. The refund runs as its own
     /// task, so a caller that goes away (a client deadline) does not leave hits consumed; if it
     /// fails, the request is still answered as vetoed, its counters under-admitting briefly.
     async fn refund(
         &self,
         connection: &Connection,
-        sent: &[(Group, Vec<Hit>, Reply)],
+        sent: &[(Group<'_>, Vec<Hit>, Reply)],
         outcomes: &mut [Outcome],
     ) {
         // One refund per slot (routed by key, as refunds are rare): a group's hits are at

@@ -108,8 +108,8 @@ impl SlotOwners {
             .filter(|&owner| owner != NO_OWNER)
     }
 
-    /// Host and port of master `node` (as numbered in `Group::node`).
-    pub fn address(&self, node: u16) -> Option<(&str, u16)> {
+    /// Host and port of master number `node`.
+    fn address(&self, node: u16) -> Option<(&str, u16)> {
         self.masters
             .get(usize::from(node))
             .map(|(host, port)| (host.as_str(), *port))
@@ -118,25 +118,30 @@ impl SlotOwners {
 
 /// The hits of one script call, by index into the request's hits (in request order).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Group {
+pub struct Group<'a> {
     pub indices: Vec<usize>,
     /// The hits span more than one slot (of one node).
     pub cross_slot: bool,
-    /// The master serving every hit's slot, by its number in the `SlotOwners` planned with.
-    pub node: Option<u16>,
+    /// Host and port of the master serving every hit's slot, from the `SlotOwners` planned
+    /// with; `None` where the map is not known.
+    pub node: Option<(&'a str, u16)>,
 }
 
 /// Splits hits into calls: by master when `owners` is known, else by slot. Groups come in the
 /// order of their first hit. A slot without a known master gets a call of its own.
-pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
+pub fn plan<'a>(hits: &[Hit], owners: Option<&'a SlotOwners>) -> Vec<Group<'a>> {
     // (what the group is keyed by, the slot of its first hit, the group)
-    let mut groups: Vec<(u32, u16, Group)> = Vec::new();
+    let mut groups: Vec<(u32, u16, Group<'a>)> = Vec::new();
     for (index, hit) in hits.iter().enumerate() {
         let slot = slot_of(hit.key.as_str());
-        let node = owners.and_then(|owners| owners.owner(slot));
-        let by = match node {
-            Some(node) => u32::from(node),
-            None => u32::from(NO_OWNER) + 1 + u32::from(slot),
+        // Every numbered master has an address (`from_cluster_slots` leaves out the others).
+        let owner = owners.and_then(|owners| {
+            let number = owners.owner(slot)?;
+            Some((number, owners.address(number)?))
+        });
+        let (by, node) = match owner {
+            Some((number, address)) => (u32::from(number), Some(address)),
+            None => (u32::from(NO_OWNER) + 1 + u32::from(slot), None),
         };
         match groups.iter_mut().find(|(key, _, _)| *key == by) {
             Some((_, first, group)) => {
@@ -159,8 +164,8 @@ pub fn plan(hits: &[Hit], owners: Option<&SlotOwners>) -> Vec<Group> {
 
 /// Hits one slot at a time (each group routed by its key): for when a call across slots found
 /// a counter moved, and for refunds, which are rare enough not to need the slot map.
-pub fn split_by_slot(indices: &[usize], hits: &[Hit]) -> Vec<Group> {
-    let mut slots: Vec<(u16, Group)> = Vec::new();
+pub fn split_by_slot(indices: &[usize], hits: &[Hit]) -> Vec<Group<'static>> {
+    let mut slots: Vec<(u16, Group<'static>)> = Vec::new();
     for &index in indices {
         let slot = slot_of(hits[index].key.as_str());
         match slots.iter_mut().find(|(known, _)| *known == slot) {
@@ -294,6 +299,7 @@ mod tests {
         for group in &by_node {
             let node = node_of(group.indices[0]);
             assert!(group.indices.iter().all(|&i| node_of(i) == node));
+            assert_eq!(group.node, node.and_then(|node| owners.address(node)));
             assert!(
                 group.indices.windows(2).all(|w| w[0] < w[1]),
                 "request order"
@@ -316,7 +322,7 @@ mod tests {
         assert!(by_slot.iter().all(|group| !group.cross_slot));
 
         for group in by_node.iter().filter(|group| group.cross_slot) {
-            assert!(owners.address(group.node.unwrap()).is_some());
+            assert!(group.node.is_some());
             let split = split_by_slot(&group.indices, &hits);
             assert!(split.len() > 1 && split.iter().all(|g| !g.cross_slot));
             let mut indices: Vec<usize> = split.iter().flat_map(|g| g.indices.clone()).collect();

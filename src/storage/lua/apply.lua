@@ -53,37 +53,44 @@ local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 5 + 11 * count
 if count == nil or not (keys_in_argv or (#KEYS == count and #ARGV == 5 + 10 * count)) then
   return redis.error_reply('ERR tollgate: malformed call')
 end
-local hits = {}
+
+-- The hits, one array per field (cheaper in Lua than a table per hit).
+local keys, algorithms, requests, windows, ticks, parameters, amounts = {}, {}, {}, {}, {}, {}, {}
+local key_base = 0
+if keys_in_argv then
+  key_base = 5 + 10 * count
+end
 for i = 1, count do
   local base = 5 + (i - 1) * 10
-  local key = KEYS[i]
   if keys_in_argv then
-    key = ARGV[5 + 10 * count + i]
+    keys[i] = ARGV[key_base + i]
+  else
+    keys[i] = KEYS[i]
   end
-  local hit = {
-    key = key,
-    algorithm = ALGORITHMS[ARGV[base + 1]],
-    requests = tonumber(ARGV[base + 2]),
-    window = tonumber(ARGV[base + 3]),
-    tick = tonumber(ARGV[base + 4]),
-    parameter = tonumber(ARGV[base + 5]),
-    hits = tonumber(ARGV[base + 6]),
-    role = ARGV[base + 7],
-    descriptor = ARGV[base + 8],
-    expect_1 = tonumber(ARGV[base + 9]),
-    expect_2 = tonumber(ARGV[base + 10]),
-  }
-  if hit.algorithm == nil or hit.requests == nil or hit.window == nil or hit.tick == nil
-    or hit.tick < 1 or hit.parameter == nil or hit.hits == nil or hit.descriptor == nil then
+  algorithms[i] = ALGORITHMS[ARGV[base + 1]]
+  requests[i] = tonumber(ARGV[base + 2])
+  windows[i] = tonumber(ARGV[base + 3])
+  ticks[i] = tonumber(ARGV[base + 4])
+  parameters[i] = tonumber(ARGV[base + 5])
+  amounts[i] = tonumber(ARGV[base + 6])
+  if algorithms[i] == nil or requests[i] == nil or windows[i] == nil or ticks[i] == nil
+    or ticks[i] < 1 or parameters[i] == nil or amounts[i] == nil or ARGV[base + 8] == nil then
     return redis.error_reply('ERR tollgate: malformed hit ' .. i)
   end
-  hits[i] = hit
 end
+
+-- A state is its numbers separated by spaces; FORMATS[n] writes the usual short ones in one
+-- call (a sliding log's can hold thousands: more than one call can take).
+local FORMATS = { '%d', '%d %d', '%d %d %d' }
 
 local function read_state(key)
   local raw = redis.call('GET', key)
   if not raw then
     return false
+  end
+  local a, b, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
+  if a and rest == '' then
+    return { tonumber(a), tonumber(b) }
   end
   local state = {}
   for number in string.gmatch(raw, '%d+') do
@@ -93,6 +100,10 @@ local function read_state(key)
 end
 
 local function encode(state)
+  local format = FORMATS[#state]
+  if format then
+    return string.format(format, unpack(state))
+  end
   local parts = {}
   for i, number in ipairs(state) do
     parts[i] = string.format('%d', number)
@@ -108,45 +119,45 @@ local function ttl_ms(reset_after)
   return ms
 end
 
--- Runs a hit's algorithm in its ticks; times come back in µs (as algorithm::decide).
-local function decide(hit, state, at, count)
-  local tick = hit.tick
-  local window = math.max(idiv(hit.window, tick), 1)
+-- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
+-- retry_after µs (as algorithm::decide).
+local function decide(i, state, at, hits)
+  local tick = ticks[i]
+  local window = math.max(idiv(windows[i], tick), 1)
   local new_state, allowed, remaining, reset_after, retry_after =
-    hit.algorithm(state or nil, idiv(at, tick), hit.requests, window, hit.parameter, count, charge)
-  return {
-    state = new_state,
-    allowed = allowed,
-    remaining = remaining,
-    reset_after = reset_after * tick,
-    retry_after = retry_after * tick,
-  }
+    algorithms[i](state or nil, idiv(at, tick), requests[i], window, parameters[i], hits, charge)
+  return new_state, allowed, remaining, reset_after * tick, retry_after * tick
 end
 
--- `final` maps a key to its state after the call (false: none).
-local function reply(at, committed, decisions, final)
-  local out = { at, committed }
-  for i, d in ipairs(decisions) do
-    local allowed = 0
-    if d.allowed then
-      allowed = 1
-    end
-    local state = final[hits[i].key]
-    out[#out + 1] = allowed
-    out[#out + 1] = d.remaining
-    out[#out + 1] = d.reset_after
-    out[#out + 1] = d.retry_after
-    out[#out + 1] = (state and state[1]) or -1
-    out[#out + 1] = (state and state[2]) or -1
+-- The reply: 2 + 6 per hit; `out` holds the decisions, `state_of(key)` the counter's state
+-- after the call (false: none).
+local out = { now, 0 }
+local function record(i, allowed, remaining, reset_after, retry_after)
+  local base = 2 + (i - 1) * 6
+  if allowed then
+    out[base + 1] = 1
+  else
+    out[base + 1] = 0
+  end
+  out[base + 2] = remaining
+  out[base + 3] = reset_after
+  out[base + 4] = retry_after
+end
+local function finish(final)
+  for i = 1, count do
+    local state = final[keys[i]]
+    local base = 2 + (i - 1) * 6
+    out[base + 5] = (state and state[1]) or -1
+    out[base + 6] = (state and state[2]) or -1
   end
   return out
 end
 
 -- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
 -- instant `at`, in ticks).
-local function give_back(hit, state, at, count)
-  local window = math.max(idiv(hit.window, hit.tick), 1)
-  local algorithm = hit.algorithm
+local function give_back(i, state, at, count)
+  local window = math.max(idiv(windows[i], ticks[i]), 1)
+  local algorithm = algorithms[i]
   if algorithm == fixed_window then
     if state[1] <= at and at < state[1] + window then
       state[2] = math.max(state[2] - count, 0)
@@ -159,33 +170,34 @@ local function give_back(hit, state, at, count)
       state[3] = math.max(state[3] - count, 0)
     end
   elseif algorithm == sliding_log then
-    for i = #state - 1, 1, -2 do
-      if state[i] == at then
-        state[i + 1] = math.max(state[i + 1] - count, 0)
-        if state[i + 1] == 0 then
-          table.remove(state, i + 1)
-          table.remove(state, i)
+    for j = #state - 1, 1, -2 do
+      if state[j] == at then
+        state[j + 1] = math.max(state[j + 1] - count, 0)
+        if state[j + 1] == 0 then
+          table.remove(state, j + 1)
+          table.remove(state, j)
         end
         break
       end
     end
   elseif algorithm == token_bucket then
-    local capacity = hit.parameter * window
-    if count >= hit.parameter then
+    local capacity = parameters[i] * window
+    if count >= parameters[i] then
       state[1] = capacity
     else
       state[1] = math.min(state[1] + count * window, capacity)
     end
   elseif algorithm == gcra then
     if state[1] >= at then
-      local ahead = (state[1] - at) * hit.requests + state[2]
-      if count >= hit.parameter then
+      local limit = requests[i]
+      local ahead = (state[1] - at) * limit + state[2]
+      if count >= parameters[i] then
         ahead = 0
       else
         ahead = math.max(ahead - count * window, 0)
       end
-      local whole = idiv(ahead, hit.requests)
-      state[1], state[2] = at + whole, ahead - whole * hit.requests
+      local whole = idiv(ahead, limit)
+      state[1], state[2] = at + whole, ahead - whole * limit
     end
   end
 end
@@ -197,48 +209,56 @@ if mode == 'refund' then
   -- if the counter is still exactly as the apply call left it (else they under-admit briefly).
   -- Windows and logs record consumption at its instant, so their give-back is exact anyway.
   local totals, order = {}, {}
-  for _, hit in ipairs(hits) do
-    if totals[hit.key] == nil then
-      totals[hit.key] = 0
-      order[#order + 1] = hit
+  for i = 1, count do
+    local key = keys[i]
+    if totals[key] == nil then
+      totals[key] = 0
+      order[#order + 1] = i
     end
-    totals[hit.key] = totals[hit.key] + hit.hits
+    totals[key] = totals[key] + amounts[i]
   end
   local final = {}
-  for _, hit in ipairs(order) do
-    final[hit.key] = read_state(hit.key)
+  for _, i in ipairs(order) do
+    final[keys[i]] = read_state(keys[i])
   end
-  for _, hit in ipairs(order) do
-    local state = final[hit.key]
-    local unchanged = state and state[1] == hit.expect_1 and state[2] == hit.expect_2
-    local exact = hit.algorithm ~= token_bucket and hit.algorithm ~= gcra
-    if state and totals[hit.key] > 0 and (exact or unchanged) then
-      give_back(hit, state, idiv(now, hit.tick), totals[hit.key])
-      redis.call('SET', hit.key, encode(state), 'KEEPTTL')
+  for _, i in ipairs(order) do
+    local key = keys[i]
+    local state = final[key]
+    local base = 5 + (i - 1) * 10
+    local unchanged = state and state[1] == tonumber(ARGV[base + 9])
+      and state[2] == tonumber(ARGV[base + 10])
+    local exact = algorithms[i] ~= token_bucket and algorithms[i] ~= gcra
+    if state and totals[key] > 0 and (exact or unchanged) then
+      give_back(i, state, idiv(now, ticks[i]), totals[key])
+      redis.call('SET', key, encode(state), 'KEEPTTL')
     end
   end
   -- Refunded hits report a check on their counter as it now is.
-  local decisions = {}
-  for i, hit in ipairs(hits) do
-    decisions[i] = decide(hit, final[hit.key], now, 0)
+  for i = 1, count do
+    local _, allowed, remaining, reset_after, retry_after = decide(i, final[keys[i]], now, 0)
+    record(i, allowed, remaining, reset_after, retry_after)
   end
-  return reply(now, 0, decisions, final)
+  return finish(final)
 end
 
 -- Each hit sees the state left by the hits before it (a counter named twice counts twice).
-local stored, after, expires, decisions = {}, {}, {}, {}
-for i, hit in ipairs(hits) do
-  if stored[hit.key] == nil then
-    stored[hit.key] = read_state(hit.key)
-  end
-  local state = after[hit.key]
+local stored, after, expires, allowed = {}, {}, {}, {}
+for i = 1, count do
+  local key = keys[i]
+  local state = after[key]
   if state == nil then
-    state = stored[hit.key]
+    state = stored[key]
+    if state == nil then
+      state = read_state(key)
+      stored[key] = state
+    end
   end
-  decisions[i] = decide(hit, state, now, hit.hits)
-  if decisions[i].state then
-    after[hit.key] = decisions[i].state
-    expires[hit.key] = decisions[i].reset_after
+  local new_state, ok, remaining, reset_after, retry_after = decide(i, state, now, amounts[i])
+  allowed[i] = ok
+  record(i, ok, remaining, reset_after, retry_after)
+  if new_state then
+    after[key] = new_state
+    expires[key] = reset_after
   end
 end
 
@@ -248,10 +268,11 @@ local vetoed = false
 if not charge then
   local quota, quota_over = 0, 0
   local i = 1
-  while i <= #hits do
-    local descriptor, role, over = hits[i].descriptor, hits[i].role, false
-    while i <= #hits and hits[i].descriptor == descriptor do
-      if not decisions[i].allowed then
+  while i <= count do
+    local base = 5 + (i - 1) * 10
+    local descriptor, role, over = ARGV[base + 8], ARGV[base + 7], false
+    while i <= count and ARGV[5 + (i - 1) * 10 + 8] == descriptor do
+      if not allowed[i] then
         over = true
       end
       i = i + 1
@@ -272,20 +293,18 @@ end
 
 if vetoed then
   -- Nothing consumed: allowed hits report a check on their unchanged counters.
-  for i, hit in ipairs(hits) do
-    if decisions[i].allowed then
-      decisions[i] = decide(hit, stored[hit.key], now, 0)
+  for i = 1, count do
+    if allowed[i] then
+      local _, ok, remaining, reset_after, retry_after = decide(i, stored[keys[i]], now, 0)
+      record(i, ok, remaining, reset_after, retry_after)
     end
   end
-  return reply(now, 0, decisions, stored)
+  return finish(stored)
 end
 
-local final = {}
-for key, state in pairs(stored) do
-  final[key] = state
-end
 for key, state in pairs(after) do
-  redis.call('SET', key, encode(state), 'PX', string.format('%d', ttl_ms(expires[key])))
-  final[key] = state
+  redis.call('SET', key, encode(state), 'PX', ttl_ms(expires[key]))
+  stored[key] = state
 end
-return reply(now, 1, decisions, final)
+out[2] = 1
+return finish(stored)

@@ -334,14 +334,13 @@ impl RedisStore {
         connection: &Connection,
         hits: &[Hit],
     ) -> Result<Vec<Outcome>, StoreError> {
+        let grouped = matches!(connection, Connection::Cluster(_)) && hits.len() > 1;
         // Held for the call: the groups borrow their nodes' addresses from it.
-        let owners = match connection {
-            Connection::Cluster(_) if hits.len() > 1 => self.topology.owners.load_full(),
-            _ => None,
-        };
-        let groups = match connection {
-            Connection::Cluster(_) if hits.len() > 1 => plan(hits, owners.as_deref()),
-            _ => Vec::new(),
+        let owners = grouped.then(|| self.topology.owners.load_full()).flatten();
+        let groups = if grouped {
+            plan(hits, owners.as_deref())
+        } else {
+            Vec::new()
         };
         // The whole request in one call (a single Redis, or every counter in one slot): the
         // script applies the whole veto rule itself; no regrouping, no refund.
@@ -372,7 +371,8 @@ impl RedisStore {
 
     /// One call per group, all in flight at once; a cross-slot group that found a counter
     /// off its node (a stale slot map) is sent again one slot at a time. A request with a
-    /// call that failed fails as a whole, and what its other calls consumed is given back.
+    /// call that failed fails as a whole, and what its other calls consumed is given back
+    /// (with --count-denied every attempt that reached its counters counts, so nothing is).
     async fn apply_grouped(
         &self,
         connection: &Connection,
@@ -413,7 +413,9 @@ impl RedisStore {
             }
         }
         if let Some(error) = failure {
-            self.refund(connection, &sent, &mut outcomes).await;
+            if self.options.charge == Charge::IfAllowed {
+                self.refund(connection, &sent, &mut outcomes).await;
+            }
             return Err(unavailable(error));
         }
         if self.options.charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
@@ -447,10 +449,11 @@ impl RedisStore {
         grouped.into_iter().zip(results).collect()
     }
 
-    /// Gives back what the committed groups of a vetoed or failed request consumed; their allowed hits
-    /// then report their counters as they are after the refund. The refund runs as its own
-    /// task, so a caller that goes away (a client deadline) does not leave hits consumed; if it
-    /// fails, the request is still answered as vetoed, its counters under-admitting briefly.
+    /// Gives back what the committed groups of a vetoed or failed request consumed; their
+    /// allowed hits then report their counters as they are after the refund. The refund runs
+    /// as its own task, so a caller that goes away (a client deadline) does not leave hits
+    /// consumed; if it fails, the request is still answered as vetoed (or failed), its
+    /// counters under-admitting briefly.
     async fn refund(
         &self,
         connection: &Connection,

@@ -312,22 +312,27 @@ fn cluster_store(cluster: &RedisCluster) -> Arc<RedisStore> {
     )
 }
 
-async fn ready(store: &RedisStore) {
+/// A fresh 3-master cluster and a store connected to it, with a counter for each of `count`
+/// users named `prefix0`, `prefix1`…
+async fn cluster_with_store(
+    count: usize,
+    prefix: &str,
+) -> (RedisCluster, Arc<RedisStore>, Vec<Hit>) {
+    let cluster = RedisCluster::start(3, 0);
+    let store = cluster_store(&cluster);
     let deadline = Instant::now() + Duration::from_secs(30);
     while store.ping().await.is_err() {
         assert!(Instant::now() < deadline, "the store never connected");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let users: Vec<String> = (0..count).map(|i| format!("{prefix}{i}")).collect();
+    (cluster, store, user_hits(&users))
 }
 
 #[tokio::test]
 async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
-    let cluster = RedisCluster::start(3, 0);
-    let store = cluster_store(&cluster);
-    ready(&store).await;
+    let (cluster, store, hits) = cluster_with_store(1000, "u").await;
     // Two users on one node, in different slots; the second's limit is used up first.
-    let users: Vec<String> = (0..1000).map(|i| format!("u{i}")).collect();
-    let hits = user_hits(&users);
     let slot = |index: usize| slot_of(hits[index].key.as_str());
     let node = |index: usize| cluster.owner_of(slot(index)).port;
     let second = (1..hits.len())
@@ -413,11 +418,7 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
 
 #[tokio::test]
 async fn a_request_whose_call_fails_on_one_node_gives_back_what_the_others_consumed() {
-    let cluster = RedisCluster::start(3, 0);
-    let store = cluster_store(&cluster);
-    ready(&store).await;
-    let users: Vec<String> = (0..100).map(|i| format!("u{i}")).collect();
-    let hits = user_hits(&users);
+    let (cluster, store, hits) = cluster_with_store(100, "u").await;
     let node = |index: usize| cluster.owner_of(slot_of(hits[index].key.as_str())).port;
     let other = (1..hits.len()).find(|&i| node(i) != node(0)).unwrap();
     // The second counter's key holds a list: the script's GET of it fails on its node, after
@@ -440,11 +441,7 @@ async fn a_request_whose_call_fails_on_one_node_gives_back_what_the_others_consu
 
 #[tokio::test]
 async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
-    let cluster = RedisCluster::start(3, 0);
-    let store = cluster_store(&cluster);
-    ready(&store).await;
-    let users: Vec<String> = (0..10).map(|i| format!("user-{i}")).collect();
-    let hits = user_hits(&users);
+    let (cluster, store, hits) = cluster_with_store(10, "user-").await;
     let slots: Vec<u16> = hits.iter().map(|hit| slot_of(hit.key.as_str())).collect();
     let nodes = |cluster: &RedisCluster| -> u64 {
         let ports: HashSet<u16> = slots

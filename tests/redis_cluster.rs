@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_process::RedisCluster;
 use common::*;
-use tollgate::algorithm::Charge;
+use tollgate::algorithm::{Charge, Outcome};
 use tollgate::limit::Limit;
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
@@ -329,6 +329,16 @@ async fn cluster_with_store(
     (cluster, store, user_hits(&users))
 }
 
+/// Per hit: whether it was allowed and what its counter has left.
+fn decided(outcomes: &[Outcome]) -> Vec<(bool, u64)> {
+    outcomes.iter().map(|o| (o.allowed, o.remaining)).collect()
+}
+
+/// `decided` for one hit applied on its own.
+async fn alone(store: &RedisStore, hit: &Hit) -> (bool, u64) {
+    decided(&store.apply(std::slice::from_ref(hit)).await.unwrap())[0]
+}
+
 #[tokio::test]
 async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
     let (cluster, store, hits) = cluster_with_store(1000, "u").await;
@@ -357,10 +367,7 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
         "one call for both slots"
     );
     assert_eq!(
-        outcomes
-            .iter()
-            .map(|o| (o.allowed, o.remaining))
-            .collect::<Vec<_>>(),
+        decided(&outcomes),
         [(true, 100), (false, 0)],
         "the first counter reports itself unchanged"
     );
@@ -399,20 +406,12 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
     ];
     let outcomes = store.apply(&request).await.unwrap();
     assert_eq!(
-        outcomes
-            .iter()
-            .map(|o| (o.allowed, o.remaining))
-            .collect::<Vec<_>>(),
+        decided(&outcomes),
         [(true, 100), (true, 100), (false, 0)],
         "the refunded counters report themselves as they are after the refund"
     );
     for x in [x1, x2] {
-        let alone = store.apply(std::slice::from_ref(&hits[x])).await.unwrap();
-        assert_eq!(
-            (alone[0].allowed, alone[0].remaining),
-            (true, 99),
-            "given back"
-        );
+        assert_eq!(alone(&store, &hits[x]).await, (true, 99), "given back");
     }
 }
 
@@ -431,9 +430,8 @@ async fn a_request_whose_call_fails_on_one_node_gives_back_what_the_others_consu
 
     let error = store.apply(&request).await.unwrap_err();
     assert!(error.to_string().contains("WRONGTYPE"), "{error}");
-    let alone = store.apply(std::slice::from_ref(&hits[0])).await.unwrap();
     assert_eq!(
-        (alone[0].allowed, alone[0].remaining),
+        alone(&store, &hits[0]).await,
         (true, 99),
         "the failed request consumed nothing"
     );
@@ -486,13 +484,7 @@ async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
         retried > nodes_before,
         "the call for the old owner failed and was sent again per slot: {retried} calls"
     );
-    assert_eq!(
-        second
-            .iter()
-            .map(|o| (o.allowed, o.remaining))
-            .collect::<Vec<_>>(),
-        vec![(true, 98); hits.len()]
-    );
+    assert_eq!(decided(&second), vec![(true, 98); hits.len()]);
     let stored = to.try_query(&["GET", hits[moved].key.as_str()]);
     assert!(
         matches!(stored, Some(redis::Value::BulkString(_))),

@@ -12,12 +12,13 @@ use futures_util::FutureExt as _;
 use tollgate::algorithm::Charge;
 use tollgate::clock::SystemClock;
 use tollgate::config;
-use tollgate::descriptor::{Descriptor, Entry, InputLimits, Request};
+use tollgate::descriptor::{Descriptor, Entry, Request};
 use tollgate::limit::{Limit, Unit};
 use tollgate::limiter::{Modes, RateLimiter};
+use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc};
 use tollgate::rules::{RuleSet, matcher};
-use tollgate::service::RlsService;
+use tollgate::service::{RlsService, ServiceOptions};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::{CounterStore, Hit, Role};
@@ -208,7 +209,11 @@ fn pb_request(count: usize, user: usize) -> pb::RateLimitRequest {
 }
 
 fn service_handler(c: &mut Criterion) {
-    let service = RlsService::new(limiter(rules()), InputLimits::default());
+    let service = RlsService::new(
+        limiter(rules()),
+        ServiceOptions::default(),
+        Arc::new(Metrics::default()),
+    );
     let mut group = c.benchmark_group("service handler (1,000 rules, memory store)");
     for count in [1, 10] {
         let requests: Vec<pb::RateLimitRequest> =
@@ -219,7 +224,7 @@ fn service_handler(c: &mut Criterion) {
                 next = (next + 1) % requests.len();
                 // The handler owns its request, as when tonic decodes one.
                 let request = requests[next].clone();
-                match service.decide(request, None).now_or_never() {
+                match service.answer(request, None).now_or_never() {
                     Some(Ok(response)) => black_box(response),
                     Some(Err(error)) => panic!("handler failed: {error}"),
                     None => panic!("handler did not answer at once"),

@@ -21,8 +21,64 @@ use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Status, client::Grpc};
 
-use crate::cli::BenchArgs;
 use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
+
+/// `tollgate bench`: what to send, how hard, and for how long.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Server address, e.g. `http://127.0.0.1:8081`.
+    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
+    pub addr: String,
+
+    /// Rate-limit domain of every request.
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+
+    /// Descriptor entry key.
+    #[arg(long, default_value = "user")]
+    pub key: String,
+
+    /// Distinct values cycled through (distinct counters).
+    #[arg(long, default_value_t = 10_000)]
+    pub values: usize,
+
+    /// Descriptors per request.
+    #[arg(long, default_value_t = 1)]
+    pub descriptors: usize,
+
+    /// Request-level hits_addend (0 means 1).
+    #[arg(long, default_value_t = 0)]
+    pub hits: u32,
+
+    /// Requests in flight.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+
+    /// HTTP/2 connections the requests share.
+    #[arg(long, default_value_t = 2)]
+    pub connections: usize,
+
+    /// Measured time.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Unmeasured time before it.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub warmup: Duration,
+
+    /// Open loop: start this many requests per second on schedule, whatever the server's
+    /// speed (default: closed loop with --concurrency in flight).
+    #[arg(long)]
+    pub rate: Option<u64>,
+
+    /// Report this server process's CPU time per decision and its resident memory (Linux).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
 
 /// What one run measured (after the warm-up).
 #[derive(Debug, Serialize)]

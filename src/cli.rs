@@ -1,5 +1,7 @@
-//! The command line: `serve`, `check`, `query`. Every flag can also be set by an environment
-//! variable named `TOLLGATE_<FLAG>`, which suits containers.
+//! The command line: `serve`, `check`, `query`, `bench` and `health`. Every flag of `serve`
+//! can also be set by an environment variable named `TOLLGATE_<FLAG>`, which suits
+//! containers. Groups of flags that configure one part (the service's responses, the input
+//! bounds, the load generator) are declared with that part and flattened in here.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,16 +11,16 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::algorithm::Charge;
-use crate::descriptor::InputLimits;
-use crate::headers::HeaderMode;
+pub use crate::bench::BenchArgs;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
 use crate::reload::ReloadOptions;
 use crate::runtime::Flavor;
 use crate::server::Options;
-use crate::service::OnStoreError;
+use crate::service::ServiceOptions;
+use crate::storage::StoreOptions;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
-use crate::storage::{StoreOptions, StoreSpec};
+use crate::storage::stack::StoreSpec;
 use crate::telemetry::LogFormat;
 use crate::tls::TlsFiles;
 
@@ -118,11 +120,6 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
     pub store_timeout: Duration,
 
-    /// What a request gets when the store fails: UNAVAILABLE (Envoy's failure_mode_deny
-    /// decides), OK, or OVER_LIMIT.
-    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable)]
-    pub on_store_error: OnStoreError,
-
     /// Counters a Redis store remembers as denied, to answer them locally until their retry
     /// time (0: off).
     #[arg(long, env = "TOLLGATE_DENY_CACHE_SIZE", default_value_t = 100_000)]
@@ -143,17 +140,6 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_COUNT_DENIED")]
     pub count_denied: bool,
 
-    /// Rate-limit headers to add to every response with a limit: `off`, `draft03`
-    /// (X-RateLimit-*, as Envoy's own), `ietf` (RateLimit-Policy and RateLimit) or `legacy`
-    /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.
-    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off)]
-    pub response_headers: HeaderMode,
-
-    /// Add dynamic metadata to responses (domain, descriptors, hits_addend and the matched
-    /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
-    #[arg(long, env = "TOLLGATE_DYNAMIC_METADATA")]
-    pub dynamic_metadata: bool,
-
     /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
     #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio)]
     pub near_limit_ratio: f64,
@@ -168,16 +154,7 @@ pub struct ServeArgs {
     pub shadow_mode: bool,
 
     #[command(flatten)]
-    pub bounds: BoundArgs,
-
-    /// Decisions in flight at once; beyond, a request waits up to --max-queue-time for a slot,
-    /// then gets RESOURCE_EXHAUSTED (load shedding).
-    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = 4_096)]
-    pub max_in_flight: usize,
-
-    /// Longest wait for a decision slot when --max-in-flight are busy.
-    #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration)]
-    pub max_queue_time: Duration,
+    pub service: ServiceOptions,
 
     /// Time health reports NOT_SERVING before the listeners close on shutdown.
     #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
@@ -192,36 +169,6 @@ pub struct ServeArgs {
     /// connections dealt to it in turn; not with TLS). See docs/performance.md.
     #[arg(long, env = "TOLLGATE_RUNTIME", value_enum, default_value_t = Flavor::default())]
     pub runtime: Flavor,
-}
-
-/// Input bounds (requests over a bound get INVALID_ARGUMENT).
-#[derive(Debug, Args)]
-pub struct BoundArgs {
-    /// Most descriptors in one request.
-    #[arg(long, env = "TOLLGATE_MAX_DESCRIPTORS", default_value_t = InputLimits::default().max_descriptors)]
-    pub max_descriptors: usize,
-
-    /// Most entries in one descriptor.
-    #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = InputLimits::default().max_entries)]
-    pub max_entries: usize,
-
-    /// Longest entry key, in bytes.
-    #[arg(long, env = "TOLLGATE_MAX_KEY_BYTES", default_value_t = InputLimits::default().max_key_bytes)]
-    pub max_key_bytes: usize,
-
-    /// Longest entry value (and domain), in bytes.
-    #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = InputLimits::default().max_value_bytes)]
-    pub max_value_bytes: usize,
-
-    /// Largest hits_addend, request- or descriptor-level (at most 10^12, which keeps every
-    /// count exact in the Redis scripts' arithmetic).
-    #[arg(long, env = "TOLLGATE_MAX_HITS_ADDEND", default_value_t = InputLimits::default().max_hits_addend,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
-    pub max_hits_addend: u64,
-
-    /// Largest gRPC request message, in bytes (larger ones get OUT_OF_RANGE from gRPC).
-    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = Options::default().max_request_bytes)]
-    pub max_request_bytes: usize,
 }
 
 #[derive(Debug, Args)]
@@ -248,62 +195,6 @@ pub struct QueryArgs {
     /// Request-level hits_addend (0 means 1).
     #[arg(long, default_value_t = 0)]
     pub hits: u32,
-}
-
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Server address, e.g. `http://127.0.0.1:8081`.
-    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
-    pub addr: String,
-
-    /// Rate-limit domain of every request.
-    #[arg(long, default_value = "bench")]
-    pub domain: String,
-
-    /// Descriptor entry key.
-    #[arg(long, default_value = "user")]
-    pub key: String,
-
-    /// Distinct values cycled through (distinct counters).
-    #[arg(long, default_value_t = 10_000)]
-    pub values: usize,
-
-    /// Descriptors per request.
-    #[arg(long, default_value_t = 1)]
-    pub descriptors: usize,
-
-    /// Request-level hits_addend (0 means 1).
-    #[arg(long, default_value_t = 0)]
-    pub hits: u32,
-
-    /// Requests in flight.
-    #[arg(long, default_value_t = 64)]
-    pub concurrency: usize,
-
-    /// HTTP/2 connections the requests share.
-    #[arg(long, default_value_t = 2)]
-    pub connections: usize,
-
-    /// Measured time.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-
-    /// Unmeasured time before it.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    pub warmup: Duration,
-
-    /// Open loop: start this many requests per second on schedule, whatever the server's
-    /// speed (default: closed loop with --concurrency in flight).
-    #[arg(long)]
-    pub rate: Option<u64>,
-
-    /// Report this server process's CPU time per decision and its resident memory (Linux).
-    #[arg(long)]
-    pub server_pid: Option<u32>,
-
-    /// Print the report as JSON.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// A duration above zero.
@@ -340,9 +231,7 @@ pub enum ArgsError {
 impl ServeArgs {
     pub fn store_spec(&self) -> Result<StoreSpec, ArgsError> {
         match self.store.as_str() {
-            "memory" => Ok(StoreSpec::Memory {
-                max_keys: self.memory_max_keys,
-            }),
+            "memory" => Ok(StoreSpec::Memory),
             url => match RedisSpec::parse(url, self.redis_password()?) {
                 Some(spec) => Ok(StoreSpec::Redis(spec?)),
                 // The URL is not echoed whole: it may carry a password.
@@ -369,8 +258,10 @@ impl ServeArgs {
             charge: self.charge(),
             timeout: self.store_timeout,
             deny_cache_size: self.deny_cache_size,
+            memory_max_keys: self.memory_max_keys,
             redis_connections: usize::from(self.redis_connections),
             runtimes: self.runtime.grpc_runtimes(),
+            ..StoreOptions::default()
         }
     }
 
@@ -384,25 +275,13 @@ impl ServeArgs {
 
     pub fn options(&self) -> Options {
         Options {
+            service: self.service.clone(),
             modes: Modes {
                 global_shadow: self.shadow_mode,
             },
-            input_limits: InputLimits {
-                max_descriptors: self.bounds.max_descriptors,
-                max_entries: self.bounds.max_entries,
-                max_key_bytes: self.bounds.max_key_bytes,
-                max_value_bytes: self.bounds.max_value_bytes,
-                max_hits_addend: self.bounds.max_hits_addend,
-            },
-            max_request_bytes: self.bounds.max_request_bytes,
             shutdown_delay: self.shutdown_delay,
             drain_timeout: self.drain_timeout,
-            on_store_error: self.on_store_error,
-            max_in_flight: self.max_in_flight,
-            max_queue_time: self.max_queue_time,
             runtime: self.runtime,
-            response_headers: self.response_headers,
-            dynamic_metadata: self.dynamic_metadata,
             tls: self
                 .tls_cert
                 .clone()
@@ -437,14 +316,14 @@ mod tests {
         };
         assert_eq!(args.grpc_addr.port(), 8081);
         assert_eq!(args.http_addr.port(), 8080);
-        assert_eq!(
-            args.store_spec().unwrap(),
-            StoreSpec::Memory {
-                max_keys: 1_000_000
-            }
-        );
+        assert_eq!(args.store_spec().unwrap(), StoreSpec::Memory);
+        assert_eq!(args.store_options().memory_max_keys, 1_000_000);
         assert_eq!(args.charge(), Charge::IfAllowed);
-        assert_eq!(args.options().input_limits, InputLimits::default());
+        assert_eq!(
+            args.options().service,
+            ServiceOptions::default(),
+            "the flags' defaults are the options' defaults"
+        );
     }
 
     #[test]
@@ -469,7 +348,7 @@ mod tests {
         };
         assert_eq!(args.charge(), Charge::Always);
         assert!(args.options().modes.global_shadow);
-        assert_eq!(args.options().input_limits.max_descriptors, 8);
+        assert_eq!(args.options().service.input_limits.max_descriptors, 8);
         assert_eq!(args.drain_timeout, Duration::from_secs(2));
         assert_eq!(
             args.store_spec().unwrap_err().to_string(),

@@ -10,6 +10,11 @@ pub type Micros = u64;
 
 pub const MICROS_PER_SECOND: Micros = 1_000_000;
 
+/// A duration in whole seconds, rounded up (never tell a client to come back early).
+pub fn whole_seconds_up(duration: Micros) -> u64 {
+    duration.div_ceil(MICROS_PER_SECOND)
+}
+
 /// A source of the current time.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> Micros;

@@ -5,25 +5,51 @@
 use crate::limit::{Limit, Unit};
 use crate::pb;
 
-/// Bounds on request input (DESIGN §9). Each has a flag on `tollgate serve`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Bounds on request input (docs/design.md "Input bounds"): requests over a bound get
+/// INVALID_ARGUMENT. Each is a flag of `tollgate serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
 pub struct InputLimits {
+    /// Most descriptors in one request.
+    #[arg(long, env = "TOLLGATE_MAX_DESCRIPTORS", default_value_t = InputLimits::DEFAULT.max_descriptors)]
     pub max_descriptors: usize,
+
+    /// Most entries in one descriptor.
+    #[arg(long, env = "TOLLGATE_MAX_ENTRIES", default_value_t = InputLimits::DEFAULT.max_entries)]
     pub max_entries: usize,
+
+    /// Longest entry key, in bytes.
+    #[arg(long, env = "TOLLGATE_MAX_KEY_BYTES", default_value_t = InputLimits::DEFAULT.max_key_bytes)]
     pub max_key_bytes: usize,
+
+    /// Longest entry value (and domain), in bytes.
+    #[arg(long, env = "TOLLGATE_MAX_VALUE_BYTES", default_value_t = InputLimits::DEFAULT.max_value_bytes)]
     pub max_value_bytes: usize,
+
+    /// Largest hits_addend, request- or descriptor-level (at most 10^12, which keeps every
+    /// count exact in the Redis scripts' arithmetic).
+    #[arg(long, env = "TOLLGATE_MAX_HITS_ADDEND", default_value_t = InputLimits::DEFAULT.max_hits_addend,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000_000))]
     pub max_hits_addend: u64,
+
+    /// Largest gRPC request message, in bytes (larger ones get OUT_OF_RANGE from gRPC).
+    #[arg(long, env = "TOLLGATE_MAX_REQUEST_BYTES", default_value_t = InputLimits::DEFAULT.max_request_bytes)]
+    pub max_request_bytes: usize,
+}
+
+impl InputLimits {
+    pub const DEFAULT: InputLimits = InputLimits {
+        max_descriptors: 64,
+        max_entries: 16,
+        max_key_bytes: 256,
+        max_value_bytes: 4096,
+        max_hits_addend: 1_000_000_000,
+        max_request_bytes: 1024 * 1024,
+    };
 }
 
 impl Default for InputLimits {
     fn default() -> Self {
-        Self {
-            max_descriptors: 64,
-            max_entries: 16,
-            max_key_bytes: 256,
-            max_value_bytes: 4096,
-            max_hits_addend: 1_000_000_000,
-        }
+        Self::DEFAULT
     }
 }
 

@@ -1,7 +1,8 @@
-//! Rate-limit response headers (`--response-headers`, DESIGN §6), added to
+//! Rate-limit response headers (`--response-headers`, docs/design.md "Responses"), added to
 //! `response_headers_to_add` so that Envoy (or any client) passes them on. They describe one
 //! descriptor: when the request is denied, the descriptor that denies (the one that frees up
-//! last, if several do), else the one with the least remaining. `Retry-After` is added when the request is over the limit.
+//! last, if several do), else the one with the least remaining. `Retry-After` is added when
+//! the request is over the limit.
 //!
 //! - `draft03`: `X-RateLimit-Limit: 10, 10;w=60` (`;name="…"` for a named limit),
 //!   `X-RateLimit-Remaining`, `X-RateLimit-Reset`: the form Envoy itself emits with
@@ -12,9 +13,9 @@
 //! - `legacy`: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`, plain numbers:
 //!   envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` names.
 
+use crate::clock::whole_seconds_up;
 use crate::limit::Limit;
 use crate::limiter::{Code, Decision, DescriptorStatus};
-use crate::service::whole_seconds_up;
 
 /// Which headers to add.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -120,10 +120,11 @@ impl RateLimiter {
 
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {
         let span = crate::request_span!("decide", descriptors = request.descriptors.len());
-        self.decide(request).instrument(span).await
+        self.count(request).instrument(span).await
     }
 
-    async fn decide(&self, request: &Request) -> Result<Decision, StoreError> {
+    /// Resolves every descriptor, counts their hits in one store call, and answers.
+    async fn count(&self, request: &Request) -> Result<Decision, StoreError> {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
@@ -152,8 +153,8 @@ impl RateLimiter {
                     .inc();
             })?;
             if outcomes.len() != hits.len() {
-                return Err(StoreError::Unavailable(format!(
-                    "store answered {} outcomes for {} counters",
+                return Err(StoreError::MalformedReply(format!(
+                    "{} outcomes for {} counters",
                     outcomes.len(),
                     hits.len()
                 )));

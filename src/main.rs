@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
 use tollgate::runtime::Flavor;
-use tollgate::{bench, config, pb, query, server, shutdown, storage, telemetry};
+use tollgate::storage::stack::build_store;
+use tollgate::{bench, config, pb, query, server, shutdown, telemetry};
 
 /// mimalloc instead of the system allocator (see docs/performance.md).
 #[global_allocator]
@@ -34,7 +35,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let rules = config::load_dir(&args.config)?;
     let options = args.options();
-    let store = storage::build_store(&args.store_spec()?, args.store_options(), &options.metrics);
+    let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
     let listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
     tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening");
     server::run(rules, store, options, listeners, shutdown::signal()).await?;

@@ -27,7 +27,16 @@ use tokio::runtime::{Builder, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::Router;
 
-use crate::server::ServerError;
+/// Why serving across runtimes failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("grpc server: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("runtime: {0}")]
+    Io(#[from] io::Error),
+    #[error("runtime: a gRPC runtime thread died")]
+    ThreadDied,
+}
 
 /// How requests are spread over cores.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -80,7 +89,7 @@ pub async fn serve_grpc(
     listener: TcpListener,
     runtimes: usize,
     stopped: watch::Receiver<bool>,
-) -> Result<(), ServerError> {
+) -> Result<(), RuntimeError> {
     let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..runtimes.max(1))
         .map(|_| mpsc::unbounded_channel())
         .unzip();
@@ -101,9 +110,7 @@ pub async fn serve_grpc(
     let ((), here) = tokio::join!(accepting, serving_here);
     here?;
     for other in others {
-        other
-            .await
-            .map_err(|_| ServerError::Runtime(io::Error::other("a gRPC runtime thread died")))??;
+        other.await.map_err(|_| RuntimeError::ThreadDied)??;
     }
     Ok(())
 }
@@ -169,8 +176,8 @@ fn serve_on_thread(
     connections: mpsc::UnboundedReceiver<StdTcpStream>,
     stopped: watch::Receiver<bool>,
 ) -> Result<
-    impl Future<Output = Result<Result<(), ServerError>, oneshot::error::RecvError>>,
-    ServerError,
+    impl Future<Output = Result<Result<(), RuntimeError>, oneshot::error::RecvError>>,
+    RuntimeError,
 > {
     let (done, finished) = oneshot::channel();
     std::thread::Builder::new()
@@ -181,17 +188,17 @@ fn serve_on_thread(
                 Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(ServerError::Runtime)
+                    .map_err(RuntimeError::Io)
                     .and_then(|runtime| {
                         runtime
                             .block_on(router.serve_with_incoming_shutdown(
                                 incoming(connections),
                                 wait_for(stopped),
                             ))
-                            .map_err(ServerError::from)
+                            .map_err(RuntimeError::from)
                     });
             let _ = done.send(served);
         })
-        .map_err(ServerError::Runtime)?;
+        .map_err(RuntimeError::Io)?;
     Ok(finished)
 }

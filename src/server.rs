@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tonic::transport::server::{Router, TcpIncoming};
 
-use crate::admission::Admission;
-use crate::descriptor::InputLimits;
-use crate::headers::HeaderMode;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::metrics::Metrics;
@@ -23,29 +22,22 @@ use crate::pb::RateLimitServiceServer;
 use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
 use crate::runtime::{self, Flavor, wait_for};
-use crate::service::{OnStoreError, RlsService};
+use crate::service::{RlsService, ServiceOptions};
 use crate::storage::CounterStore;
 use crate::tls::{TlsFiles, TlsIncoming};
 
 /// Server settings that are not about counting.
 #[derive(Debug, Clone)]
 pub struct Options {
+    /// How requests are answered (response flags, input bounds, load shedding).
+    pub service: ServiceOptions,
     pub modes: Modes,
-    pub input_limits: InputLimits,
-    /// Largest accepted gRPC request message.
-    pub max_request_bytes: usize,
     /// How long health says NOT_SERVING before the listeners close.
     pub shutdown_delay: Duration,
     /// Bound on the wait for in-flight calls after the listeners close.
     pub drain_timeout: Duration,
     /// How often the store is pinged for health.
     pub probe_every: Duration,
-    /// What a request gets when the store fails.
-    pub on_store_error: OnStoreError,
-    /// Rate-limit headers added to responses.
-    pub response_headers: HeaderMode,
-    /// Whether responses carry dynamic metadata.
-    pub dynamic_metadata: bool,
     /// Where everything is counted (`GET /metrics`); stores built for this server should
     /// report into the same one.
     pub metrics: Arc<Metrics>,
@@ -55,9 +47,6 @@ pub struct Options {
     pub reload_status: Arc<ReloadStatus>,
     /// TLS (and mutual TLS) on the gRPC listener.
     pub tls: Option<TlsFiles>,
-    /// Decisions in flight at once; beyond, requests wait up to `max_queue_time`.
-    pub max_in_flight: usize,
-    pub max_queue_time: Duration,
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
@@ -66,21 +55,15 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
+            service: ServiceOptions::default(),
             modes: Modes::default(),
-            input_limits: InputLimits::default(),
-            max_request_bytes: 1024 * 1024,
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(10),
             probe_every: Duration::from_secs(1),
-            on_store_error: OnStoreError::default(),
-            response_headers: HeaderMode::default(),
-            dynamic_metadata: false,
             metrics: Arc::new(Metrics::default()),
             reload: None,
             reload_status: Arc::new(ReloadStatus::default()),
             tls: None,
-            max_in_flight: 4_096,
-            max_queue_time: Duration::from_millis(50),
             runtime: Flavor::default(),
         }
     }
@@ -111,8 +94,8 @@ pub enum ServerError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
-    #[error("runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
     #[error("--runtime per-core does not serve TLS yet; use --runtime multi-thread")]
     PerCoreTls,
 }
@@ -148,6 +131,8 @@ pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
 /// this bounds what one client can queue here, with room above the decision slots.
 const MAX_CONCURRENT_STREAMS: u32 = 1_024;
 
+type Serving = JoinHandle<Result<(), ServerError>>;
+
 /// Serves until `shutdown` resolves, then drains (see the module docs).
 pub async fn run(
     rules: RuleSet,
@@ -156,14 +141,7 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
-    if options.tls.is_some() && options.runtime == Flavor::PerCore {
-        return Err(ServerError::PerCoreTls);
-    }
-    // Certificates first: a server that cannot serve TLS as asked must not start.
-    let tls = match &options.tls {
-        Some(files) => Some((files.clone(), files.server_config()?)),
-        None => None,
-    };
+    let tls = tls_config(&options)?;
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let reloader = options.reload.clone().map(|reload| {
         crate::reload::spawn(
@@ -177,15 +155,11 @@ pub async fn run(
         RateLimiter::new(rules, Arc::clone(&store), options.modes)
             .with_metrics(Arc::clone(&options.metrics)),
     );
-    let service = RlsService::new(Arc::clone(&limiter), options.input_limits)
-        .with_on_store_error(options.on_store_error)
-        .with_response_headers(options.response_headers)
-        .with_dynamic_metadata(options.dynamic_metadata)
-        .with_metrics(Arc::clone(&options.metrics))
-        .with_admission(Arc::new(Admission::new(
-            options.max_in_flight,
-            options.max_queue_time,
-        )));
+    let service = RlsService::new(
+        Arc::clone(&limiter),
+        options.service.clone(),
+        Arc::clone(&options.metrics),
+    );
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter).await;
     let probe = tokio::spawn(health::probe_store(
@@ -195,26 +169,9 @@ pub async fn run(
     ));
 
     let (stop, stopped) = watch::channel(false);
-    let router = grpc_router(service.clone(), health_service, options.max_request_bytes);
-    let runtimes = options.runtime.grpc_runtimes();
-    let mut grpc = match tls {
-        Some((files, config)) => {
-            let incoming = TlsIncoming::new(listeners.grpc, files, config);
-            let serving = router.serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
-            tokio::spawn(async move { Ok(serving.await?) })
-        }
-        None if runtimes > 1 => tokio::spawn(runtime::serve_grpc(
-            router,
-            listeners.grpc,
-            runtimes,
-            stopped.clone(),
-        )),
-        None => {
-            let incoming = tcp_incoming(listeners.grpc);
-            let serving = router.serve_with_incoming_shutdown(incoming, wait_for(stopped.clone()));
-            tokio::spawn(async move { Ok(serving.await?) })
-        }
-    };
+    let max_request_bytes = options.service.input_limits.max_request_bytes;
+    let router = grpc_router(service.clone(), health_service, max_request_bytes);
+    let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
     let admin = crate::admin::router(
         service,
         limiter,
@@ -223,7 +180,7 @@ pub async fn run(
         Arc::clone(&options.reload_status),
     );
     let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
-    let mut http = tokio::spawn(async move { http.await });
+    let mut http: Serving = tokio::spawn(async move { Ok(http.await?) });
 
     tracing::info!("serving");
     tokio::select! {
@@ -238,7 +195,51 @@ pub async fn run(
     if let Some(reloader) = &reloader {
         reloader.abort();
     }
-    let drained = tokio::time::timeout(options.drain_timeout, async {
+    drain(grpc, http, options.drain_timeout).await
+}
+
+/// The gRPC listener's TLS settings, read first: a server that cannot serve TLS as asked must
+/// not start.
+fn tls_config(options: &Options) -> Result<Option<(TlsFiles, Arc<ServerConfig>)>, ServerError> {
+    let Some(files) = &options.tls else {
+        return Ok(None);
+    };
+    if options.runtime == Flavor::PerCore {
+        return Err(ServerError::PerCoreTls);
+    }
+    Ok(Some((files.clone(), files.server_config()?)))
+}
+
+/// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`.
+fn serve_grpc(
+    router: Router,
+    listener: TcpListener,
+    tls: Option<(TlsFiles, Arc<ServerConfig>)>,
+    flavor: Flavor,
+    stopped: &watch::Receiver<bool>,
+) -> Serving {
+    let stop = wait_for(stopped.clone());
+    let runtimes = flavor.grpc_runtimes();
+    match tls {
+        Some((files, config)) => {
+            let incoming = TlsIncoming::new(listener, files, config);
+            let serving = router.serve_with_incoming_shutdown(incoming, stop);
+            tokio::spawn(async move { Ok(serving.await?) })
+        }
+        None if runtimes > 1 => {
+            let serving = runtime::serve_grpc(router, listener, runtimes, stopped.clone());
+            tokio::spawn(async move { Ok(serving.await?) })
+        }
+        None => {
+            let serving = router.serve_with_incoming_shutdown(tcp_incoming(listener), stop);
+            tokio::spawn(async move { Ok(serving.await?) })
+        }
+    }
+}
+
+/// Waits for both listeners to finish their in-flight calls, at most `timeout`.
+async fn drain(mut grpc: Serving, mut http: Serving, timeout: Duration) -> Result<(), ServerError> {
+    let drained = tokio::time::timeout(timeout, async {
         let grpc = (&mut grpc).await;
         let http = (&mut http).await;
         flatten(grpc).and(flatten(http))
@@ -250,7 +251,7 @@ pub async fn run(
             result
         }
         Err(_) => {
-            tracing::warn!(timeout = ?options.drain_timeout, "drain timed out; stopping anyway");
+            tracing::warn!(?timeout, "drain timed out; stopping anyway");
             grpc.abort();
             http.abort();
             Ok(())
@@ -258,9 +259,8 @@ pub async fn run(
     }
 }
 
-fn flatten<E>(result: Result<Result<(), E>, tokio::task::JoinError>) -> Result<(), ServerError>
-where
-    ServerError: From<E>,
-{
-    Ok(result??)
+fn flatten(
+    result: Result<Result<(), ServerError>, tokio::task::JoinError>,
+) -> Result<(), ServerError> {
+    result?
 }

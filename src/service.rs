@@ -8,7 +8,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::admission::{Admission, Overloaded};
-use crate::clock::{MICROS_PER_SECOND, Micros};
+use crate::clock::{Micros, whole_seconds_up};
 use crate::descriptor::{self, InputLimits, RequestError};
 use crate::dynamic_metadata;
 use crate::headers::{self, HeaderMode};
@@ -19,7 +19,7 @@ use crate::pb::{self, rate_limit_response as rls};
 use crate::storage::StoreError;
 use crate::telemetry;
 
-/// What a request gets when the store fails (`--on-store-error`, DESIGN §7).
+/// What a request gets when the store fails (`--on-store-error`, docs/design.md "Failure").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OnStoreError {
     /// gRPC UNAVAILABLE: Envoy's `failure_mode_deny` decides.
@@ -34,87 +34,102 @@ pub enum OnStoreError {
 /// The response header that marks an answer given without the store.
 pub const STORE_ERROR_HEADER: &str = "x-tollgate-store-error";
 
+/// How the service answers. Each field is a flag of `tollgate serve` (the struct is flattened
+/// into its arguments), so a new response option is one field here and its use below.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ServiceOptions {
+    #[command(flatten)]
+    pub input_limits: InputLimits,
+
+    /// What a request gets when the store fails: UNAVAILABLE (Envoy's failure_mode_deny
+    /// decides), OK, or OVER_LIMIT.
+    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable)]
+    pub on_store_error: OnStoreError,
+
+    /// Rate-limit headers to add to every response with a limit: `off`, `draft03`
+    /// (X-RateLimit-*, as Envoy's own), `ietf` (RateLimit-Policy and RateLimit) or `legacy`
+    /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.
+    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off)]
+    pub response_headers: HeaderMode,
+
+    /// Add dynamic metadata to responses (domain, descriptors, hits_addend and the matched
+    /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
+    #[arg(long, env = "TOLLGATE_DYNAMIC_METADATA")]
+    pub dynamic_metadata: bool,
+
+    /// Decisions in flight at once; beyond, a request waits up to --max-queue-time for a slot,
+    /// then gets RESOURCE_EXHAUSTED (load shedding).
+    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = ServiceOptions::DEFAULT.max_in_flight)]
+    pub max_in_flight: usize,
+
+    /// Longest wait for a decision slot when --max-in-flight are busy.
+    #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub max_queue_time: Duration,
+}
+
+impl ServiceOptions {
+    pub const DEFAULT: ServiceOptions = ServiceOptions {
+        input_limits: InputLimits::DEFAULT,
+        on_store_error: OnStoreError::Unavailable,
+        response_headers: HeaderMode::Off,
+        dynamic_metadata: false,
+        max_in_flight: 4_096,
+        max_queue_time: Duration::from_millis(50),
+    };
+}
+
+impl Default for ServiceOptions {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// `envoy.service.ratelimit.v3.RateLimitService`.
 #[derive(Clone)]
 pub struct RlsService {
     limiter: Arc<RateLimiter>,
-    input_limits: InputLimits,
-    on_store_error: OnStoreError,
-    header_mode: HeaderMode,
-    dynamic_metadata: bool,
+    options: Arc<ServiceOptions>,
     metrics: Arc<Metrics>,
     admission: Arc<Admission>,
 }
 
 impl RlsService {
-    pub fn new(limiter: Arc<RateLimiter>, input_limits: InputLimits) -> Self {
+    pub fn new(limiter: Arc<RateLimiter>, options: ServiceOptions, metrics: Arc<Metrics>) -> Self {
         Self {
             limiter,
-            input_limits,
-            on_store_error: OnStoreError::default(),
-            header_mode: HeaderMode::default(),
-            dynamic_metadata: false,
-            metrics: Arc::new(Metrics::default()),
-            admission: Arc::new(Admission::default()),
-        }
-    }
-
-    pub fn with_admission(self, admission: Arc<Admission>) -> Self {
-        Self { admission, ..self }
-    }
-
-    pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
-        Self { metrics, ..self }
-    }
-
-    pub fn with_dynamic_metadata(self, dynamic_metadata: bool) -> Self {
-        Self {
-            dynamic_metadata,
-            ..self
-        }
-    }
-
-    pub fn with_response_headers(self, header_mode: HeaderMode) -> Self {
-        Self {
-            header_mode,
-            ..self
-        }
-    }
-
-    pub fn with_on_store_error(self, on_store_error: OnStoreError) -> Self {
-        Self {
-            on_store_error,
-            ..self
+            admission: Arc::new(Admission::new(
+                options.max_in_flight,
+                options.max_queue_time,
+            )),
+            options: Arc::new(options),
+            metrics,
         }
     }
 
     /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
     /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
-    pub async fn decide(
+    pub async fn answer(
         &self,
         request: pb::RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
         let _slot = self.admission.enter().await?;
+        let options = &*self.options;
         // Dynamic metadata describes the request as sent; kept only when asked for.
-        let sent = self.dynamic_metadata.then(|| request.clone());
-        let request = descriptor::Request::from_pb(request, &self.input_limits)?;
+        let sent = options.dynamic_metadata.then(|| request.clone());
+        let request = descriptor::Request::from_pb(request, &options.input_limits)?;
         let decision = self.limiter.should_rate_limit(&request);
         let decided = match deadline {
             Some(deadline) => tokio::time::timeout(deadline, decision)
                 .await
-                .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable(
-                        "no answer within the client's deadline".into(),
-                    ))
-                }),
+                .unwrap_or(Err(StoreError::Timeout(deadline))),
             None => decision.await,
         };
         match decided {
             Ok(decision) => {
                 self.metrics
                     .count_decision(decision.overall == Code::OverLimit);
-                let headers = headers::headers(self.header_mode, &decision);
+                let headers = headers::headers(options.response_headers, &decision);
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
                 let mut response = encode(decision);
                 response.dynamic_metadata = metadata;
@@ -137,12 +152,13 @@ impl RlsService {
         error: StoreError,
         descriptors: usize,
     ) -> Result<pb::RateLimitResponse, Error> {
-        let code = match self.on_store_error {
+        let code = match self.options.on_store_error {
             OnStoreError::Unavailable => return Err(Error::Store(error)),
             OnStoreError::Allow => rls::Code::Ok,
             OnStoreError::Deny => rls::Code::OverLimit,
         };
-        tracing::warn!(%error, policy = ?self.on_store_error, "store call failed; answering by policy");
+        let policy = self.options.on_store_error;
+        tracing::warn!(%error, ?policy, "store call failed; answering by policy");
         Ok(pb::RateLimitResponse {
             overall_code: code as i32,
             statuses: (0..descriptors)
@@ -153,7 +169,7 @@ impl RlsService {
                 .collect(),
             response_headers_to_add: vec![pb::HeaderValue {
                 key: STORE_ERROR_HEADER.into(),
-                value: format!("{:?}", self.on_store_error).to_lowercase(),
+                value: format!("{policy:?}").to_lowercase(),
                 ..Default::default()
             }],
             ..Default::default()
@@ -199,7 +215,7 @@ impl pb::RateLimitService for RlsService {
         span.record("descriptors", request.descriptors.len());
         let started = Instant::now();
         let answer = self
-            .decide(request, deadline)
+            .answer(request, deadline)
             .instrument(span.clone())
             .await
             .map_err(Status::from);
@@ -311,11 +327,6 @@ fn whole_seconds(duration: Micros) -> prost_types::Duration {
     }
 }
 
-/// A duration in whole seconds, rounded up (never tell a client to come back early).
-pub fn whole_seconds_up(duration: Micros) -> u64 {
-    duration.div_ceil(MICROS_PER_SECOND)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,10 +346,10 @@ mod tests {
     #[tonic::async_trait]
     impl CounterStore for DownStore {
         async fn apply(&self, _: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-            Err(StoreError::Unavailable("connection refused".into()))
+            Err(StoreError::unavailable("connection refused"))
         }
         async fn ping(&self) -> Result<(), StoreError> {
-            Err(StoreError::Unavailable("connection refused".into()))
+            Err(StoreError::unavailable("connection refused"))
         }
     }
 
@@ -347,7 +358,8 @@ mod tests {
         let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
         RlsService::new(
             Arc::new(RateLimiter::new(rules, store, Modes::default())),
-            InputLimits::default(),
+            ServiceOptions::default(),
+            Arc::new(Metrics::default()),
         )
     }
 

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use tollgate::headers::HeaderMode;
 use tollgate::server::Options;
+use tollgate::service::ServiceOptions;
 
 const LIMITS: &str = r#"
 domain: h
@@ -28,7 +29,10 @@ async fn server(mode: HeaderMode) -> TestServer {
         &[("h.yaml", LIMITS)],
         Setup {
             options: Options {
-                response_headers: mode,
+                service: ServiceOptions {
+                    response_headers: mode,
+                    ..ServiceOptions::default()
+                },
                 ..Options::default()
             },
             ..Setup::default()
@@ -199,7 +203,10 @@ async fn dynamic_metadata_describes_the_request_and_merges_the_metadata_of_descr
         &[("m.yaml", TAGGED)],
         Setup {
             options: Options {
-                dynamic_metadata: true,
+                service: ServiceOptions {
+                    dynamic_metadata: true,
+                    ..ServiceOptions::default()
+                },
                 ..Options::default()
             },
             ..Setup::default()

@@ -9,6 +9,7 @@ use common::*;
 use tollgate::descriptor::InputLimits;
 use tollgate::pb;
 use tollgate::server::Options;
+use tollgate::service::ServiceOptions;
 use tonic::Code;
 
 const PER_VALUE: &str = "domain: h\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
@@ -64,10 +65,13 @@ async fn oversized_and_numerous_inputs_get_invalid_argument() {
 #[tokio::test]
 async fn raised_bounds_admit_64_kib_values_and_1000_descriptors() {
     let options = Options {
-        input_limits: InputLimits {
-            max_descriptors: 1000,
-            max_value_bytes: 64 * 1024,
-            ..InputLimits::default()
+        service: ServiceOptions {
+            input_limits: InputLimits {
+                max_descriptors: 1000,
+                max_value_bytes: 64 * 1024,
+                ..InputLimits::default()
+            },
+            ..ServiceOptions::default()
         },
         ..Options::default()
     };

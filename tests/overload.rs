@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tollgate::server::Options;
+use tollgate::service::ServiceOptions;
 
 const LIMITS: &str = "domain: o\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 
@@ -21,8 +22,11 @@ async fn beyond_max_in_flight_requests_are_shed_with_resource_exhausted() {
             store: StoreKind::Redis,
             store_timeout: Duration::from_secs(10),
             options: Options {
-                max_in_flight: 2,
-                max_queue_time: Duration::from_millis(100),
+                service: ServiceOptions {
+                    max_in_flight: 2,
+                    max_queue_time: Duration::from_millis(100),
+                    ..ServiceOptions::default()
+                },
                 ..Options::default()
             },
             ..Setup::default()

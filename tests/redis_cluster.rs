@@ -14,9 +14,10 @@ use common::redis_process::RedisCluster;
 use common::*;
 use tollgate::algorithm::{Charge, Outcome};
 use tollgate::limit::Limit;
+use tollgate::storage::StoreOptions;
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
-use tollgate::storage::slots::slot_of;
+use tollgate::storage::redis::slots::slot_of;
+use tollgate::storage::redis::{RedisSpec, RedisStore};
 use tollgate::storage::{CounterStore, Hit, Role};
 
 const SHARED: &str = r#"
@@ -299,15 +300,13 @@ fn user_hits(users: &[String]) -> Vec<Hit> {
 fn cluster_store(cluster: &RedisCluster) -> Arc<RedisStore> {
     RedisStore::start(
         RedisSpec::parse(&cluster.url(), None).unwrap().unwrap(),
-        RedisOptions {
+        StoreOptions {
             charge: Charge::IfAllowed,
             timeout: Duration::from_secs(5),
-            clock: None,
-            connections: 1,
-            runtimes: 1,
             // Long: the map goes stale when the test moves a slot, and stays so until a
             // call finds out.
             slot_map_refresh: Duration::from_secs(3600),
+            ..StoreOptions::default()
         },
     )
 }

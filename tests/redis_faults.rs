@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use tollgate::server::Options;
-use tollgate::service::{OnStoreError, STORE_ERROR_HEADER};
+use tollgate::service::{OnStoreError, STORE_ERROR_HEADER, ServiceOptions};
 
 const LIMITS: &str = r#"
 domain: faults
@@ -34,7 +34,10 @@ async fn start_with_policy(on_store_error: OnStoreError) -> TestServer {
             store: StoreKind::Redis,
             store_timeout: STORE_TIMEOUT,
             options: Options {
-                on_store_error,
+                service: ServiceOptions {
+                    on_store_error,
+                    ..ServiceOptions::default()
+                },
                 probe_every: Duration::from_millis(200),
                 ..Options::default()
             },

@@ -12,7 +12,7 @@ use common::redis_process::RedisServer;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Outcome, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::script::{Call, Mode, parse_reply};
+use tollgate::storage::redis::script::{Call, Mode, parse_reply};
 use tollgate::storage::{Hit, Role};
 
 const SECOND: Micros = MICROS_PER_SECOND;

@@ -11,7 +11,7 @@ use common::redis_process::RedisServer;
 use tollgate::algorithm::{Algorithm, Charge, Params};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::script::{Call, Mode, Reply, parse_reply};
+use tollgate::storage::redis::script::{Call, Mode, Reply, parse_reply};
 use tollgate::storage::{Hit, Role};
 
 const T0: Micros = 1_795_000_000 * MICROS_PER_SECOND;

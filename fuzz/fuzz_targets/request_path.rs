@@ -10,11 +10,11 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use tollgate::algorithm::Charge;
 use tollgate::clock::SystemClock;
-use tollgate::descriptor::InputLimits;
 use tollgate::limiter::{Modes, RateLimiter};
+use tollgate::metrics::Metrics;
 use tollgate::pb;
 use tollgate::rules::RuleSet;
-use tollgate::service::RlsService;
+use tollgate::service::{RlsService, ServiceOptions};
 use tollgate::storage::memory::MemoryStore;
 
 const CONFIG: &str = include_str!("../corpus/config_loader/all_features.yaml");
@@ -38,7 +38,8 @@ fn harness() -> &'static Harness {
             let store = MemoryStore::new(10_000, Charge::IfAllowed, Arc::new(SystemClock)).start();
             RlsService::new(
                 Arc::new(RateLimiter::new(rules, store, Modes::default())),
-                InputLimits::default(),
+                ServiceOptions::default(),
+                Arc::new(Metrics::default()),
             )
         });
         Harness { runtime, service }
@@ -51,7 +52,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let harness = harness();
     let descriptors = request.descriptors.len();
-    if let Ok(response) = harness.runtime.block_on(harness.service.decide(request, None)) {
+    if let Ok(response) = harness.runtime.block_on(harness.service.answer(request, None)) {
         assert_eq!(response.statuses.len(), descriptors);
         assert_ne!(response.overall_code, 0, "the overall code is never UNKNOWN");
     }

@@ -7,24 +7,23 @@
 mod json;
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-
-use crate::metrics::Metrics;
-use crate::reload::ReloadStatus;
 use axum::routing::{get, post};
 
-use crate::algorithm::{Algorithm, Anchor};
+use crate::algorithm::Algorithm;
 use crate::health::Health;
 use crate::limit::Limit;
 use crate::limiter::RateLimiter;
+use crate::metrics::Metrics;
+use crate::reload::ReloadStatus;
 use crate::rules::{Level, Policy, RuleSet};
 use crate::service::{self, RlsService};
-use std::sync::Arc;
 
 #[derive(Clone)]
 struct Admin {
@@ -85,7 +84,7 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
             return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response();
         }
     };
-    match admin.service.decide(request, None).await {
+    match admin.service.answer(request, None).await {
         Ok(response) => {
             let status = match json::overall_code(&response) {
                 "OK" => StatusCode::OK,
@@ -143,23 +142,9 @@ fn describe_limit(limit: &Limit) -> String {
     if limit.unit_multiplier != 1 {
         let _ = write!(out, " unit_multiplier={}", limit.unit_multiplier);
     }
-    match limit.algorithm {
-        Algorithm::FixedWindow {
-            anchor: Anchor::Epoch,
-        } => {}
-        Algorithm::FixedWindow {
-            anchor: Anchor::FirstHit,
-        } => out.push_str(" algorithm=fixed_window anchor=first_hit"),
-        Algorithm::SlidingWindow => out.push_str(" algorithm=sliding_window"),
-        Algorithm::SlidingLog { min_interval } => {
-            let _ = write!(out, " algorithm=sliding_log min_interval={min_interval}us");
-        }
-        Algorithm::TokenBucket { burst } => {
-            let _ = write!(out, " algorithm=token_bucket burst={burst}");
-        }
-        Algorithm::Gcra { burst } => {
-            let _ = write!(out, " algorithm=gcra burst={burst}");
-        }
+    // The reference's default counting needs no mention; anything else names itself.
+    if limit.algorithm != Algorithm::default() {
+        let _ = write!(out, " algorithm={}", limit.algorithm);
     }
     out
 }

@@ -4,8 +4,29 @@
 //! first admitted hit. Guarantee: at most `limit` per window, but up to `2 × limit` in a
 //! window-long interval that straddles a boundary.
 
-use super::{Anchor, Charge, MAX_COUNT, Outcome};
+use super::outcome::{Charge, MAX_COUNT, Outcome};
 use crate::clock::Micros;
+
+/// Where a fixed window starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Anchor {
+    /// Aligned to the Unix epoch, as the reference (every counter's minute starts at :00).
+    #[default]
+    Epoch,
+    /// At the counter's first hit, as Limitador (each counter's own minute).
+    FirstHit,
+}
+
+impl Anchor {
+    pub const ALL: [Anchor; 2] = [Anchor::Epoch, Anchor::FirstHit];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Anchor::Epoch => "epoch",
+            Anchor::FirstHit => "first_hit",
+        }
+    }
+}
 
 /// The window the count belongs to, and the count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,11 +56,7 @@ pub fn decide(
         },
     };
     let allowed = current.count.saturating_add(hits.max(1)) <= limit;
-    let consumed = if allowed || charge == Charge::Always {
-        hits
-    } else {
-        0
-    };
+    let consumed = charge.consumed(allowed, hits);
     let count = current.count.saturating_add(consumed).min(MAX_COUNT);
     let reset_after = current
         .window_start
@@ -60,6 +77,21 @@ pub fn decide(
         count,
     });
     (state, outcome)
+}
+
+/// Gives back `count` hits consumed at `at`. Exact whatever happened since: the count belongs
+/// to the window of that instant, and a window that has ended holds nothing to give back. A
+/// window left empty is forgotten, as if never opened (with `anchor: first_hit` the refunded
+/// hit must not have started it).
+pub fn give_back(state: &State, at: Micros, window: Micros, count: u64) -> State {
+    let mut state = *state;
+    if state.window_start <= at && at < state.window_start.saturating_add(window) {
+        state.count = state.count.saturating_sub(count);
+        if state.count == 0 {
+            return State::default();
+        }
+    }
+    state
 }
 
 #[cfg(test)]

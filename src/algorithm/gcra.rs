@@ -7,7 +7,7 @@
 //! Exact in integers: the TAT is kept as whole µs plus a remainder in 1/`limit` µs, so an
 //! emission interval of, say, 1 s / 3 loses nothing to rounding.
 
-use super::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
+use super::outcome::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The theoretical arrival time: `tat + remainder / limit` µs.
@@ -39,11 +39,7 @@ pub fn decide(
     let (interval, tolerance) = (u128::from(window), u128::from(burst) * u128::from(window));
     let need = u128::from(hits.max(1)) * interval;
     let allowed = tat + need - now_ticks <= tolerance;
-    let consumed = if allowed || charge == Charge::Always {
-        hits
-    } else {
-        0
-    };
+    let consumed = charge.consumed(allowed, hits);
     // `--count-denied` can charge more than the burst: the TAT then stops at a full burst
     // ahead, as a token bucket stops at empty, so a flood is not paid back forever.
     let new_tat = (tat + u128::from(consumed) * interval).min(tat.max(now_ticks + tolerance));
@@ -71,6 +67,33 @@ pub fn decide(
         remainder: to_u64(new_tat % n),
     });
     (state, outcome)
+}
+
+/// Gives back `count` hits consumed at `at`: the TAT moves back by their intervals, never
+/// behind `at`. Like a token bucket, only right while the state is as the consuming call left
+/// it (`Refund::IfUnchanged`): a TAT that has fallen behind now has absorbed the difference.
+pub fn give_back(
+    state: &State,
+    at: Micros,
+    limit: u64,
+    window: Micros,
+    burst: u64,
+    count: u64,
+) -> State {
+    if limit == 0 || state.tat < at {
+        return *state;
+    }
+    let n = u128::from(limit);
+    let ahead = u128::from(state.tat - at) * n + u128::from(state.remainder);
+    let ahead = if count >= burst {
+        0
+    } else {
+        ahead.saturating_sub(u128::from(count) * u128::from(window))
+    };
+    State {
+        tat: at.saturating_add(to_u64(ahead / n)),
+        remainder: to_u64(ahead % n),
+    }
 }
 
 #[cfg(test)]

@@ -1,8 +1,16 @@
-//! Counting algorithms: each is data (from the config) plus a pure function of
-//! (stored state, now, limit, hits) → (new state, outcome). Stores call `decide`; nothing here
-//! reads a clock or touches storage, so every algorithm is tested with explicit instants.
+//! Counting algorithms: each is data (from the config) plus pure functions of (stored state,
+//! now, limit, hits): `decide` → (new state, outcome), and `give_back` → the state with
+//! consumed hits returned (a refund, when another part of a vetoed request was counted
+//! elsewhere). Stores call them; nothing here reads a clock or touches storage, so every
+//! algorithm is tested with explicit instants. Each Redis Lua port
+//! (`storage/redis/lua/<name>.lua`) has the same two functions under the same names.
 //!
-//! Shared rules, which the Redis scripts repeat:
+//! Everything that names an algorithm is in this file, in exhaustive `match`es: its config
+//! name and parameters (`FromStr`, `Display`, `configure`), the tag that keys its counters and
+//! picks its Lua port, its state, its resolution and how it refunds. docs/design.md lists the
+//! files a new algorithm touches.
+//!
+//! Shared rules, which the Lua ports repeat:
 //! - Time is in microseconds; arithmetic is integer (u128 where products can be large), so a
 //!   decision is exact and reproducible.
 //! - `hits == 0` is a check: allowed when one more hit would be admitted now, and it never
@@ -15,21 +23,17 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod outcome;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
-use crate::clock::Micros;
+use std::fmt;
+use std::str::FromStr;
 
-/// Where a fixed window starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Anchor {
-    /// Aligned to the Unix epoch, as the reference (every counter's minute starts at :00).
-    #[default]
-    Epoch,
-    /// At the counter's first hit, as Limitador (each counter's own minute).
-    FirstHit,
-}
+use crate::clock::Micros;
+pub use fixed_window::Anchor;
+pub use outcome::{Charge, MAX_COUNT, Outcome};
 
 /// How a limit is counted, with the parameters that only some algorithms have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,18 +58,77 @@ impl Default for Algorithm {
     }
 }
 
-impl Algorithm {
-    /// A short, stable tag for counter keys: each algorithm keeps state of its own shape, so
-    /// changing a rule's algorithm starts fresh counters.
-    pub fn key_tag(self) -> &'static str {
+/// A parameter that some algorithms take, as a rule names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parameter {
+    Anchor,
+    Burst,
+    MinInterval,
+}
+
+impl Parameter {
+    pub const ALL: [Parameter; 3] = [Parameter::Burst, Parameter::MinInterval, Parameter::Anchor];
+
+    pub fn name(self) -> &'static str {
         match self {
-            Algorithm::FixedWindow { .. } => "fw",
-            Algorithm::SlidingWindow => "sw",
-            Algorithm::SlidingLog { .. } => "sl",
-            Algorithm::TokenBucket { .. } => "tb",
-            Algorithm::Gcra { .. } => "gcra",
+            Parameter::Anchor => "anchor",
+            Parameter::Burst => "burst",
+            Parameter::MinInterval => "min_interval",
         }
     }
+}
+
+/// The parameters a rule gave, before they are checked against its algorithm.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Parameters {
+    pub anchor: Option<Anchor>,
+    pub burst: Option<u64>,
+    pub min_interval: Option<Micros>,
+}
+
+impl Parameters {
+    fn is_given(&self, parameter: Parameter) -> bool {
+        match parameter {
+            Parameter::Anchor => self.anchor.is_some(),
+            Parameter::Burst => self.burst.is_some(),
+            Parameter::MinInterval => self.min_interval.is_some(),
+        }
+    }
+}
+
+/// Why an algorithm cannot count a limit as configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct ParameterError {
+    /// The given parameter at fault; `None` when it is the limit as a whole.
+    pub parameter: Option<Parameter>,
+    /// The field the error names (`burst`, `requests_per_unit`, …).
+    pub field: &'static str,
+    pub reason: String,
+}
+
+/// How a counter takes back hits that a vetoed request consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refund {
+    /// Whatever happened since: the state records consumption at its instant.
+    Exact,
+    /// Only while the state is exactly as the consuming call left it (compare and set): the
+    /// state absorbs consumption into a refill cap or a floor as time passes, so a later
+    /// give-back could hand out hits nobody paid for. A skipped refund under-admits briefly.
+    IfUnchanged,
+}
+
+impl Algorithm {
+    /// Every algorithm, with default parameters, in the order the docs list them.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::FixedWindow {
+            anchor: Anchor::Epoch,
+        },
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog { min_interval: 0 },
+        Algorithm::TokenBucket { burst: 0 },
+        Algorithm::Gcra { burst: 0 },
+    ];
 
     /// The config name.
     pub fn name(self) -> &'static str {
@@ -77,26 +140,175 @@ impl Algorithm {
             Algorithm::Gcra { .. } => "gcra",
         }
     }
+
+    /// A short, stable tag: it keys the counters (each algorithm keeps state of its own shape,
+    /// so changing a rule's algorithm starts fresh counters) and names the Lua port.
+    pub fn key_tag(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow { .. } => "fw",
+            Algorithm::SlidingWindow => "sw",
+            Algorithm::SlidingLog { .. } => "sl",
+            Algorithm::TokenBucket { .. } => "tb",
+            Algorithm::Gcra { .. } => "gcra",
+        }
+    }
+
+    /// The parameters this algorithm takes.
+    pub fn parameters(self) -> &'static [Parameter] {
+        match self {
+            Algorithm::FixedWindow { .. } => &[Parameter::Anchor],
+            Algorithm::SlidingWindow => &[],
+            Algorithm::SlidingLog { .. } => &[Parameter::MinInterval],
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => &[Parameter::Burst],
+        }
+    }
+
+    pub fn refund(self) -> Refund {
+        match self {
+            Algorithm::FixedWindow { .. }
+            | Algorithm::SlidingWindow
+            | Algorithm::SlidingLog { .. } => Refund::Exact,
+            Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => Refund::IfUnchanged,
+        }
+    }
+
+    /// The one number of parameter the Lua port takes, in ticks of `tick` µs.
+    pub fn parameter_in_ticks(self, tick: Micros) -> u64 {
+        match self {
+            Algorithm::FixedWindow { anchor } => u64::from(anchor == Anchor::FirstHit),
+            Algorithm::SlidingWindow => 0,
+            Algorithm::SlidingLog { min_interval } => min_interval.div_ceil(tick.max(1)),
+            Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
+        }
+    }
+
+    /// This algorithm (from `FromStr`) with the rule's parameters, checked against a limit of
+    /// `requests` per `window` µs. A parameter of another algorithm is a mistake worth
+    /// reporting, not ignoring.
+    pub fn configure(
+        self,
+        requests: u64,
+        window: Micros,
+        given: &Parameters,
+    ) -> Result<Algorithm, ParameterError> {
+        if let Some(&foreign) = Parameter::ALL
+            .iter()
+            .find(|&&p| given.is_given(p) && !self.parameters().contains(&p))
+        {
+            let owners: Vec<&str> = Algorithm::ALL
+                .into_iter()
+                .filter(|algorithm| algorithm.parameters().contains(&foreign))
+                .map(Algorithm::name)
+                .collect();
+            return Err(ParameterError {
+                parameter: Some(foreign),
+                field: foreign.name(),
+                reason: format!("only applies to {}, not {}", owners.join(" and "), self),
+            });
+        }
+        let configured = match self {
+            Algorithm::FixedWindow { .. } => Algorithm::FixedWindow {
+                anchor: given.anchor.unwrap_or_default(),
+            },
+            Algorithm::SlidingWindow => Algorithm::SlidingWindow,
+            Algorithm::SlidingLog { .. } => {
+                if requests > sliding_log::MAX_LIMIT {
+                    return Err(ParameterError {
+                        parameter: None,
+                        field: "requests_per_unit",
+                        reason: format!(
+                            "sliding_log keeps one timestamp per admitted hit, so its limit is capped at {} (got {requests}); use sliding_window or gcra for larger limits",
+                            sliding_log::MAX_LIMIT
+                        ),
+                    });
+                }
+                Algorithm::SlidingLog {
+                    min_interval: given.min_interval.unwrap_or(0),
+                }
+            }
+            Algorithm::TokenBucket { .. } => Algorithm::TokenBucket {
+                burst: burst(requests, given)?,
+            },
+            Algorithm::Gcra { .. } => Algorithm::Gcra {
+                burst: burst(requests, given)?,
+            },
+        };
+        let params = Params {
+            algorithm: configured,
+            requests,
+            window,
+        };
+        if params.tick().is_none() {
+            let field = match configured {
+                Algorithm::SlidingWindow => "requests_per_unit",
+                _ => "burst",
+            };
+            return Err(ParameterError {
+                parameter: None,
+                field,
+                reason: format!(
+                    "{field} × window in seconds must be at most 2^52 for {} to count exactly; use a shorter unit with a proportional limit",
+                    configured.name()
+                ),
+            });
+        }
+        Ok(configured)
+    }
+
+    /// The number that the counts of this algorithm multiply by a window (see `Params::tick`);
+    /// `None` for those that never do.
+    fn window_factor(self, requests: u64) -> Option<u64> {
+        match self {
+            Algorithm::SlidingWindow => Some(requests),
+            Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => Some(burst),
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => None,
+        }
+    }
 }
 
-/// Whether a denied call still consumes: `IfAllowed` is tollgate's default (a rejected
-/// request consumes nothing); `Always` is `--count-denied`, the reference's behaviour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Charge {
-    IfAllowed,
-    Always,
+/// `burst` defaults to `requests_per_unit`.
+fn burst(requests: u64, given: &Parameters) -> Result<u64, ParameterError> {
+    match given.burst {
+        None => Ok(requests),
+        Some(0) => Err(ParameterError {
+            parameter: Some(Parameter::Burst),
+            field: "burst",
+            reason: "must be at least 1 (write requests_per_unit: 0 to deny every request)".into(),
+        }),
+        Some(burst) => Ok(burst),
+    }
 }
 
-/// The answer for one limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Outcome {
-    pub allowed: bool,
-    /// Hits still admissible right now, after this call.
-    pub remaining: u64,
-    /// Time until the full limit is available again.
-    pub reset_after: Micros,
-    /// When denied: time until the same hits could be admitted; 0 when allowed.
-    pub retry_after: Micros,
+/// Parses a config name into its algorithm with default parameters (`configure` sets them).
+impl FromStr for Algorithm {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Algorithm::ALL.into_iter().map(Algorithm::name).collect();
+                format!("expected one of {}, got {name:?}", names.join("|"))
+            })
+    }
+}
+
+/// The name, then every parameter: `token_bucket burst=5`, `sliding_log min_interval=3000000us`.
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())?;
+        match *self {
+            Algorithm::FixedWindow { anchor } if anchor != Anchor::Epoch => {
+                write!(f, " anchor={}", anchor.name())
+            }
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => Ok(()),
+            Algorithm::SlidingLog { min_interval } => write!(f, " min_interval={min_interval}us"),
+            Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => {
+                write!(f, " burst={burst}")
+            }
+        }
+    }
 }
 
 /// Stored state of one counter, whatever its algorithm. Kept to 32 bytes (the memory store
@@ -110,10 +322,11 @@ pub enum State {
     Gcra(gcra::State),
 }
 
-/// The outcome, the state to store (`None`: leave it as it is) and when the stored state may
-/// be forgotten (the limit is then fully available again, so no state means the same).
+/// What one call does to a counter: the outcome, the state to store (`None`: leave it as it
+/// is) and when the stored state may be forgotten (the limit is then fully available again,
+/// so no state means the same).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
+pub struct Transition {
     pub outcome: Outcome,
     pub state: Option<State>,
     pub expires_at: Micros,
@@ -143,20 +356,20 @@ impl Params {
     /// everyday limit, milliseconds or seconds for, say, a million per day. `None`: not even
     /// whole seconds are exact (the config rejects such a limit).
     pub fn tick(&self) -> Option<Micros> {
-        let factor = match self.algorithm {
-            Algorithm::SlidingWindow => self.requests,
-            Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
-            Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => return Some(1),
+        let Some(factor) = self.algorithm.window_factor(self.requests) else {
+            return Some(1);
         };
         TICKS
             .into_iter()
             .find(|&tick| u128::from(factor.max(1)) * u128::from(self.window / tick) <= EXACT_BOUND)
     }
-}
 
-/// The largest count a fixed window stores (`--count-denied` keeps adding to a count that is
-/// already over): far above any limit, and exact as a Lua number.
-pub const MAX_COUNT: u64 = 1 << 52;
+    /// The tick and the window in ticks, as every algorithm counts.
+    fn in_ticks(&self) -> (Micros, Micros) {
+        let tick = self.tick().unwrap_or(TICKS[TICKS.len() - 1]);
+        (tick, (self.window / tick).max(1))
+    }
+}
 
 /// Runs the algorithm of `params` on `state` (None: never seen, forgotten, or state of
 /// another algorithm).
@@ -166,11 +379,11 @@ pub fn decide(
     now: Micros,
     hits: u64,
     charge: Charge,
-) -> Decision {
+) -> Transition {
     // Algorithms count in ticks (see `Params::tick`); times go in and come out in µs. A tick
     // count is rounded down and a duration up, so a client is never told to come back early.
-    let tick = params.tick().unwrap_or(TICKS[TICKS.len() - 1]);
-    let (n, w) = (params.requests, (params.window / tick).max(1));
+    let (tick, w) = params.in_ticks();
+    let n = params.requests;
     let now_in_ticks = now / tick;
     // Each arm: take the stored state if it has this algorithm's shape, run the pure function,
     // wrap the new state back.
@@ -197,49 +410,69 @@ pub fn decide(
         retry_after: in_ticks.retry_after.saturating_mul(tick),
         ..in_ticks
     };
-    Decision {
+    Transition {
         expires_at: now.saturating_add(outcome.reset_after),
         outcome,
         state,
     }
 }
 
-/// The `retry_after` of a call that can never be admitted (more hits than the limit or the
-/// burst): at least a window, so that a client honouring it does not retry in a loop.
-pub(crate) fn never_retry(reset_after: Micros, window: Micros) -> Micros {
-    reset_after.max(window)
-}
-
-/// The outcome for a limit that admits nothing, ever (`requests_per_unit: 0`).
-pub(crate) fn never(window: Micros) -> Outcome {
-    Outcome {
-        allowed: false,
-        remaining: 0,
-        reset_after: window,
-        retry_after: window,
+/// Gives `hits` consumed at `at` back to `stored`, under the algorithm's `Refund` rule:
+/// `consumed` is the state the consuming call left, which an `IfUnchanged` algorithm requires
+/// `stored` to still be. `None`: nothing to change (no state, another algorithm's state, or
+/// the rule says no).
+pub fn give_back(
+    params: &Params,
+    stored: Option<&State>,
+    consumed: Option<&State>,
+    at: Micros,
+    hits: u64,
+) -> Option<State> {
+    let stored = stored?;
+    if hits == 0 || (params.algorithm.refund() == Refund::IfUnchanged && Some(stored) != consumed) {
+        return None;
     }
-}
-
-/// `a / b` rounded up, for times: never tell a client to come back too early.
-pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
-    if b == 0 { 0 } else { a.div_ceil(b) }
-}
-
-/// Narrows a computed duration or count, saturating.
-pub(crate) fn to_u64(value: u128) -> u64 {
-    u64::try_from(value).unwrap_or(u64::MAX)
+    let (tick, w) = params.in_ticks();
+    let (n, at) = (params.requests, at / tick);
+    // Each arm: the stored state must have the algorithm's own shape (a rule that changed
+    // its algorithm keys new counters, so it does but for a bug).
+    let algorithm = params.algorithm;
+    Some(match stored {
+        State::FixedWindow(state) => {
+            let Algorithm::FixedWindow { .. } = algorithm else {
+                return None;
+            };
+            State::FixedWindow(fixed_window::give_back(state, at, w, hits))
+        }
+        State::SlidingWindow(state) => {
+            let Algorithm::SlidingWindow = algorithm else {
+                return None;
+            };
+            State::SlidingWindow(sliding_window::give_back(state, at, w, hits))
+        }
+        State::SlidingLog(state) => {
+            let Algorithm::SlidingLog { .. } = algorithm else {
+                return None;
+            };
+            State::SlidingLog(Box::new(sliding_log::give_back(state, at, hits)))
+        }
+        State::TokenBucket(state) => {
+            let Algorithm::TokenBucket { burst } = algorithm else {
+                return None;
+            };
+            State::TokenBucket(token_bucket::give_back(state, w, burst, hits))
+        }
+        State::Gcra(state) => {
+            let Algorithm::Gcra { burst } = algorithm else {
+                return None;
+            };
+            State::Gcra(gcra::give_back(state, at, n, w, burst, hits))
+        }
+    })
 }
 
 #[cfg(test)]
 pub(crate) mod testing;
 
 #[cfg(test)]
-mod tests {
-    use super::State;
-
-    #[test]
-    fn a_stored_state_stays_small() {
-        // The memory store's bytes per counter (docs/performance.md) rest on this.
-        assert_eq!(std::mem::size_of::<State>(), 32);
-    }
-}
+mod tests;

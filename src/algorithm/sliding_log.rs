@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Charge, Outcome, never_retry};
+use super::outcome::{Charge, Outcome, never_retry};
 use crate::clock::Micros;
 
 /// The largest limit a sliding log accepts: its state holds up to one entry per admitted hit
@@ -59,11 +59,7 @@ pub fn decide(
     let gap_ok = log.newest().is_none_or(|last| now - last >= min_interval);
     let bunched = min_interval > 0 && hits > 1;
     let allowed = count.saturating_add(need) <= limit && gap_ok && !bunched;
-    let consumed = if allowed || charge == Charge::Always {
-        hits
-    } else {
-        0
-    };
+    let consumed = charge.consumed(allowed, hits);
     let retry =
         (!allowed).then(|| retry_after(&log, now, limit, window, min_interval, need, bunched));
     append(&mut log, now, consumed, limit);
@@ -147,6 +143,21 @@ fn retry_after(
         last.saturating_add(min_interval).saturating_sub(now)
     });
     Some(for_room.max(for_gap))
+}
+
+/// Gives back `count` hits consumed at `at`. Exact whatever happened since: the log records
+/// them at their instant (the newest run at `at`), and once that run has left the log they no
+/// longer count.
+pub fn give_back(state: &State, at: Micros, count: u64) -> State {
+    let mut log = state.clone();
+    if let Some(index) = log.runs.iter().rposition(|&(instant, _)| instant == at) {
+        let hits = &mut log.runs[index].1;
+        *hits = hits.saturating_sub(count);
+        if *hits == 0 {
+            log.runs.remove(index);
+        }
+    }
+    log
 }
 
 #[cfg(test)]

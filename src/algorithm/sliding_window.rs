@@ -10,7 +10,7 @@
 //! steady traffic can still reach up to `2 × limit − 1` in one window-long interval
 //! (measured in the property test and documented in docs/algorithms.md).
 
-use super::{Charge, Outcome, never_retry, to_u64};
+use super::outcome::{Charge, Outcome, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The current window's start and the counts of it and of the window before.
@@ -38,11 +38,7 @@ pub fn decide(
     let carried = u128::from(current.previous) * (w - u128::from(elapsed));
     let fits = |count: u64| carried + u128::from(count) * w <= n * w;
     let allowed = fits(current.current.saturating_add(hits.max(1)));
-    let consumed = if allowed || charge == Charge::Always {
-        hits
-    } else {
-        0
-    };
+    let consumed = charge.consumed(allowed, hits);
     // Only `--count-denied` can push a count past the limit; a window counts at most `limit`,
     // which keeps `previous × window` exact in the Redis script (see `Params::tick`).
     let next = State {
@@ -124,6 +120,20 @@ fn retry_after(
         return Some(to_next + to_u64(into_next));
     }
     Some(to_next + window)
+}
+
+/// Gives back `count` hits consumed at `at`. Exact whatever happened since: they are in the
+/// count of their window, which is the current one or, once the state has rolled on by one
+/// window, the previous one; further back they no longer weigh on anything.
+pub fn give_back(state: &State, at: Micros, window: Micros, count: u64) -> State {
+    let mut state = *state;
+    let start = at - at % window;
+    if state.window_start == start {
+        state.current = state.current.saturating_sub(count);
+    } else if state.window_start == start + window {
+        state.previous = state.previous.saturating_sub(count);
+    }
+    state
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! client sending exactly at the rate is never denied; `burst` at once after a quiet period.
 //! State: two numbers (tokens, last update).
 
-use super::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
+use super::outcome::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The bucket's level, in units of 1/`window` token, at `updated`. At most `burst × window`,
@@ -42,11 +42,7 @@ pub fn decide(
     let updated = state.map_or(now, |state| state.updated.max(now));
     let need = u128::from(hits.max(1)) * token;
     let allowed = need <= level;
-    let consumed = if allowed || charge == Charge::Always {
-        hits
-    } else {
-        0
-    };
+    let consumed = charge.consumed(allowed, hits);
     let level_after = level.saturating_sub(u128::from(consumed) * token);
     let refill = |missing: u128| to_u64(div_ceil_u128(missing, rate));
     let reset_after = refill(capacity - level_after);
@@ -72,6 +68,22 @@ pub fn decide(
         updated,
     });
     (state, outcome)
+}
+
+/// Gives back `count` tokens. Only right while the bucket is as the consuming call left it:
+/// once time has passed, the refill cap may have absorbed part of what was taken, and giving
+/// it all back would hand out tokens nobody paid for (hence `Refund::IfUnchanged`).
+pub fn give_back(state: &State, window: Micros, burst: u64, count: u64) -> State {
+    let capacity = u128::from(burst) * u128::from(window);
+    let level = if count >= burst {
+        capacity
+    } else {
+        (u128::from(state.level) + u128::from(count) * u128::from(window)).min(capacity)
+    };
+    State {
+        level: to_u64(level),
+        ..*state
+    }
 }
 
 #[cfg(test)]

@@ -1,180 +1,34 @@
-//! One config file: serde "raw" structs that mirror the YAML exactly (unknown keys are
-//! errors, positions kept with `Spanned`), parsed here; `tree` and `limits` then turn them into
-//! the compiled rules and check everything else. Every error carries the file, the line and
+//! One config file: parsed by `raw`, then turned by `tree` and `limits` into the compiled rules
+//! of one domain, checking everything serde cannot. Every error carries the file, the line and
 //! the path to the offending field.
 
 use std::path::Path;
 
-use serde::Deserialize;
-use serde_saphyr::Spanned;
-
-use super::ConfigError;
+use super::error::ConfigError;
+use super::raw::deserialize;
 use super::tree::Builder;
 use crate::rules::DomainRules;
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawFile {
-    pub(super) domain: Option<Spanned<String>>,
-    #[serde(default)]
-    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawDescriptor {
-    pub(super) key: Spanned<String>,
-    pub(super) value: Option<Spanned<String>>,
-    pub(super) rate_limit: Option<Spanned<RawRateLimit>>,
-    /// tollgate extension: several limits on one descriptor.
-    pub(super) rate_limits: Option<Spanned<Vec<Spanned<RawRateLimit>>>>,
-    #[serde(default)]
-    pub(super) shadow_mode: bool,
-    #[serde(default)]
-    pub(super) quota_mode: bool,
-    #[serde(default)]
-    pub(super) detailed_metric: bool,
-    #[serde(default)]
-    pub(super) value_to_metric: bool,
-    pub(super) share_threshold: Option<Spanned<bool>>,
-    pub(super) metadata: Option<Spanned<serde_json::Value>>,
-    #[serde(default)]
-    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRateLimit {
-    pub(super) unit: Option<Spanned<String>>,
-    pub(super) requests_per_unit: Option<u32>,
-    #[serde(default)]
-    pub(super) unlimited: bool,
-    pub(super) name: Option<String>,
-    #[serde(default)]
-    pub(super) replaces: Vec<Spanned<RawReplace>>,
-    // tollgate extensions; see docs/algorithms.md.
-    pub(super) algorithm: Option<Spanned<String>>,
-    pub(super) unit_multiplier: Option<Spanned<u32>>,
-    pub(super) burst: Option<Spanned<u32>>,
-    pub(super) min_interval: Option<Spanned<String>>,
-    pub(super) anchor: Option<Spanned<String>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawReplace {
-    pub(super) name: String,
-}
 
 /// Parses and validates the text of one config file.
 pub fn parse(file: &Path, text: &str) -> Result<DomainRules, ConfigError> {
     let raw = deserialize(file, text)?;
-    let error = |line: u64, path: String, reason: String| ConfigError {
-        file: file.to_path_buf(),
-        line: Some(line),
-        path,
-        reason,
-    };
     let domain = match raw.domain {
         Some(domain) if !domain.value.is_empty() => domain.value,
         Some(domain) => {
-            return Err(error(
-                domain.referenced.line(),
+            let line = domain.referenced.line();
+            return Err(ConfigError::at(
+                file,
+                line,
                 "domain".into(),
-                "must not be empty".into(),
+                "must not be empty",
             ));
         }
         None => {
-            return Err(error(
-                1,
-                "domain".into(),
-                "missing; every file names its domain".into(),
-            ));
+            let reason = "missing; every file names its domain";
+            return Err(ConfigError::at(file, 1, "domain".into(), reason));
         }
     };
     let builder = Builder { file };
     let root = builder.level(&raw.descriptors, &format!("domain {domain:?}"), &domain)?;
     Ok(DomainRules { name: domain, root })
-}
-
-/// Runs serde over the YAML, keeping the path of a failure.
-fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigError> {
-    let mut track = serde_path_to_error::Track::new();
-    let result = serde_saphyr::with_deserializer_from_str(text, |de| {
-        RawFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
-    });
-    result.map_err(|error| ConfigError {
-        file: file.to_path_buf(),
-        line: error.location().map(|location| location.line()),
-        path: yaml_path(&track.path()),
-        reason: yaml_reason(&error),
-    })
-}
-
-/// The path serde was at, without the `value` steps that `Spanned` wrappers add: every list
-/// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
-/// the wrapper's, not a YAML key.
-fn yaml_path(path: &serde_path_to_error::Path) -> String {
-    const SPANNED_FIELDS: [&str; 13] = [
-        "domain",
-        "key",
-        "value",
-        "rate_limit",
-        "rate_limits",
-        "unit",
-        "metadata",
-        "share_threshold",
-        "algorithm",
-        "unit_multiplier",
-        "burst",
-        "min_interval",
-        "anchor",
-    ];
-    use serde_path_to_error::Segment;
-    let mut out = String::new();
-    let mut wrapper_next = false;
-    for segment in path.iter() {
-        match segment {
-            Segment::Map { key } | Segment::Enum { variant: key } => {
-                if wrapper_next && key == "value" {
-                    wrapper_next = false;
-                    continue;
-                }
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-                wrapper_next = SPANNED_FIELDS.contains(&key.as_str());
-            }
-            Segment::Seq { index } => {
-                out.push_str(&format!("[{index}]"));
-                wrapper_next = true;
-            }
-            Segment::Unknown => wrapper_next = false,
-        }
-    }
-    out
-}
-
-/// The YAML error's own message, without the location and source snippet that its `Display`
-/// adds (we print the location ourselves, in the `file:line:` form).
-fn yaml_reason(error: &serde_saphyr::Error) -> String {
-    if matches!(
-        error.without_snippet(),
-        serde_saphyr::Error::MultipleDocuments { .. }
-    ) {
-        return "more than one YAML document; a config file holds exactly one domain".to_owned();
-    }
-    let text = error.without_snippet().to_string();
-    let first_line = text.lines().next().unwrap_or_default();
-    let reason = match first_line.rfind(" at line ") {
-        Some(at) => &first_line[..at],
-        None => first_line,
-    };
-    // Say what is expected in the config's terms rather than Rust's.
-    match reason {
-        "invalid u32" => "expected a whole number from 0 to 4294967295".to_owned(),
-        "invalid boolean" => "expected true or false".to_owned(),
-        other => other.to_owned(),
-    }
 }

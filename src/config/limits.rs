@@ -2,31 +2,30 @@
 //! tollgate's extensions (algorithm, unit_multiplier, burst, min_interval, anchor), each
 //! accepted only where it applies.
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_saphyr::Spanned;
 
-use super::ConfigError;
-use super::file::{RawDescriptor, RawRateLimit, RawReplace};
-use super::tree::Builder;
-use crate::algorithm::{Algorithm, Anchor, sliding_log};
+use super::error::ConfigError;
+use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
+use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters};
 use crate::limit::{Limit, Unit};
 use crate::rules::Policy;
-
-const ALGORITHMS: &str = "fixed_window|sliding_window|sliding_log|token_bucket|gcra";
 
 /// The longest window, ten years: far beyond any real limit, far below overflow.
 const MAX_WINDOW_SECONDS: u64 = 3_650 * 86_400;
 
 /// The descriptor's policy and `replaces` names, if it has a `rate_limit` or `rate_limits`.
 pub(super) fn policy(
-    builder: &Builder<'_>,
+    file: &Path,
     raw: &RawDescriptor,
     here: &str,
 ) -> Result<Option<(Policy, Vec<String>)>, ConfigError> {
     match (&raw.rate_limit, &raw.rate_limits) {
         (None, None) => Ok(None),
-        (Some(_), Some(list)) => Err(builder.error(
+        (Some(_), Some(list)) => Err(ConfigError::at(
+            file,
             list.referenced.line(),
             format!("{here} > rate_limits"),
             "use either rate_limit or rate_limits, not both",
@@ -34,7 +33,7 @@ pub(super) fn policy(
         (Some(single), None) => {
             let path = format!("{here} > rate_limit");
             let spec = Spec {
-                builder,
+                file,
                 raw: &single.value,
                 line: single.referenced.line(),
                 path: &path,
@@ -46,18 +45,19 @@ pub(super) fn policy(
             }
             Ok(Some((Policy::Limited(vec![spec.limit()?]), replaces)))
         }
-        (None, Some(list)) => several(builder, list, here).map(Some),
+        (None, Some(list)) => several(file, list, here).map(Some),
     }
 }
 
 /// `rate_limits:`: several limits on one counter identity.
 fn several(
-    builder: &Builder<'_>,
+    file: &Path,
     list: &Spanned<Vec<Spanned<RawRateLimit>>>,
     here: &str,
 ) -> Result<(Policy, Vec<String>), ConfigError> {
     if list.value.is_empty() {
-        return Err(builder.error(
+        return Err(ConfigError::at(
+            file,
             list.referenced.line(),
             format!("{here} > rate_limits"),
             "must not be empty",
@@ -68,7 +68,7 @@ fn several(
     for (index, item) in list.value.iter().enumerate() {
         let path = format!("{here} > rate_limits[{index}]");
         let spec = Spec {
-            builder,
+            file,
             raw: &item.value,
             line: item.referenced.line(),
             path: &path,
@@ -104,7 +104,8 @@ fn several(
     // A limit replacing a sibling would drop the whole descriptor, itself included.
     for (index, line, name) in &replaces {
         if limits.iter().any(|limit| limit.name.as_ref() == Some(name)) {
-            return Err(builder.error(
+            return Err(ConfigError::at(
+                file,
                 *line,
                 format!("{here} > rate_limits[{index}].replaces"),
                 format!("{name:?} names a limit of this same descriptor, which would disable it"),
@@ -124,7 +125,7 @@ fn same_counter(a: &Limit, b: &Limit) -> bool {
 
 /// One `rate_limit` mapping and where it is.
 struct Spec<'a> {
-    builder: &'a Builder<'a>,
+    file: &'a Path,
     raw: &'a RawRateLimit,
     line: u64,
     path: &'a str,
@@ -137,7 +138,7 @@ impl Spec<'_> {
         } else {
             format!("{}.{field}", self.path)
         };
-        self.builder.error(line, path, reason)
+        ConfigError::at(self.file, line, path, reason)
     }
 
     fn name(&self) -> Option<String> {
@@ -185,29 +186,50 @@ impl Spec<'_> {
             ));
         };
         let unit_multiplier = self.unit_multiplier(unit)?;
-        let algorithm = self.algorithm(requests_per_unit)?;
-        let limit = Limit {
+        let mut limit = Limit {
             requests_per_unit,
             unit,
             unit_multiplier,
             name: self.name(),
-            algorithm,
+            algorithm: Algorithm::default(),
         };
-        if limit.params().tick().is_none() {
-            let factor = match algorithm {
-                Algorithm::SlidingWindow => "requests_per_unit",
-                _ => "burst",
-            };
-            return Err(self.error(
-                self.line,
-                factor,
-                format!(
-                    "{factor} × window in seconds must be at most 2^52 for {} to count exactly; use a shorter unit with a proportional limit",
-                    algorithm.name()
-                ),
-            ));
-        }
+        limit.algorithm = self.algorithm(&limit)?;
         Ok(limit)
+    }
+
+    /// The algorithm and its parameters, checked by the algorithm itself.
+    fn algorithm(&self, limit: &Limit) -> Result<Algorithm, ConfigError> {
+        let named = match &self.raw.algorithm {
+            None => Algorithm::default(),
+            Some(name) => name.value.parse().map_err(|reason: String| {
+                self.error(name.referenced.line(), "algorithm", reason)
+            })?,
+        };
+        let given = Parameters {
+            anchor: self.anchor()?,
+            burst: self.raw.burst.as_ref().map(|burst| u64::from(burst.value)),
+            min_interval: self.min_interval()?,
+        };
+        let params = limit.params();
+        named
+            .configure(params.requests, params.window, &given)
+            .map_err(|error| {
+                let line = match error.parameter {
+                    Some(parameter) => self.line_of(parameter),
+                    None => None,
+                };
+                self.error(line.unwrap_or(self.line), error.field, error.reason)
+            })
+    }
+
+    /// Where a parameter is written.
+    fn line_of(&self, parameter: Parameter) -> Option<u64> {
+        let raw = self.raw;
+        match parameter {
+            Parameter::Anchor => raw.anchor.as_ref().map(|s| s.referenced.line()),
+            Parameter::Burst => raw.burst.as_ref().map(|s| s.referenced.line()),
+            Parameter::MinInterval => raw.min_interval.as_ref().map(|s| s.referenced.line()),
+        }
     }
 
     fn unit(&self) -> Result<Unit, ConfigError> {
@@ -246,126 +268,36 @@ impl Spec<'_> {
         Ok(multiplier.value)
     }
 
-    fn algorithm(&self, requests_per_unit: u32) -> Result<Algorithm, ConfigError> {
-        let name = self.raw.algorithm.as_ref();
-        let algorithm = match name.map(|n| n.value.as_str()).unwrap_or("fixed_window") {
-            "fixed_window" => Algorithm::FixedWindow {
-                anchor: self.anchor()?,
-            },
-            "sliding_window" => Algorithm::SlidingWindow,
-            "sliding_log" => {
-                if u64::from(requests_per_unit) > sliding_log::MAX_LIMIT {
-                    return Err(self.error(
-                        self.line,
-                        "requests_per_unit",
-                        format!(
-                            "sliding_log keeps one timestamp per admitted hit, so its limit is capped at {} (got {requests_per_unit}); use sliding_window or gcra for larger limits",
-                            sliding_log::MAX_LIMIT
-                        ),
-                    ));
-                }
-                Algorithm::SlidingLog {
-                    min_interval: self.min_interval()?,
-                }
-            }
-            "token_bucket" => Algorithm::TokenBucket {
-                burst: self.burst(requests_per_unit)?,
-            },
-            "gcra" => Algorithm::Gcra {
-                burst: self.burst(requests_per_unit)?,
-            },
-            other => {
-                let line = name.map_or(self.line, |n| n.referenced.line());
-                return Err(self.error(
-                    line,
-                    "algorithm",
-                    format!("expected one of {ALGORITHMS}, got {other:?}"),
-                ));
-            }
+    fn anchor(&self) -> Result<Option<Anchor>, ConfigError> {
+        let Some(anchor) = &self.raw.anchor else {
+            return Ok(None);
         };
-        self.reject_foreign_parameters(algorithm)?;
-        Ok(algorithm)
-    }
-
-    /// A parameter of another algorithm is a mistake worth reporting, not ignoring.
-    fn reject_foreign_parameters(&self, algorithm: Algorithm) -> Result<(), ConfigError> {
-        let raw = self.raw;
-        let applies = |field: &str| match field {
-            "burst" => matches!(
-                algorithm,
-                Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
-            ),
-            "min_interval" => matches!(algorithm, Algorithm::SlidingLog { .. }),
-            _ => matches!(algorithm, Algorithm::FixedWindow { .. }),
-        };
-        let present = [
-            (
-                "burst",
-                raw.burst.as_ref().map(|s| s.referenced.line()),
-                "token_bucket and gcra",
-            ),
-            (
-                "min_interval",
-                raw.min_interval.as_ref().map(|s| s.referenced.line()),
-                "sliding_log",
-            ),
-            (
-                "anchor",
-                raw.anchor.as_ref().map(|s| s.referenced.line()),
-                "fixed_window",
-            ),
-        ];
-        for (field, line, owners) in present {
-            if let Some(line) = line
-                && !applies(field)
-            {
-                return Err(self.error(
-                    line,
-                    field,
-                    format!("only applies to {owners}, not {}", algorithm.name()),
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    fn anchor(&self) -> Result<Anchor, ConfigError> {
-        match &self.raw.anchor {
-            None => Ok(Anchor::Epoch),
-            Some(anchor) => match anchor.value.as_str() {
-                "epoch" => Ok(Anchor::Epoch),
-                "first_hit" => Ok(Anchor::FirstHit),
-                other => Err(self.error(
+        match Anchor::ALL.into_iter().find(|a| a.name() == anchor.value) {
+            Some(parsed) => Ok(Some(parsed)),
+            None => {
+                let names: Vec<&str> = Anchor::ALL.into_iter().map(Anchor::name).collect();
+                Err(self.error(
                     anchor.referenced.line(),
                     "anchor",
-                    format!("expected one of epoch|first_hit, got {other:?}"),
-                )),
-            },
+                    format!(
+                        "expected one of {}, got {:?}",
+                        names.join("|"),
+                        anchor.value
+                    ),
+                ))
+            }
         }
     }
 
-    /// `burst` defaults to `requests_per_unit`.
-    fn burst(&self, requests_per_unit: u32) -> Result<u64, ConfigError> {
-        match &self.raw.burst {
-            None => Ok(u64::from(requests_per_unit)),
-            Some(burst) if burst.value == 0 => Err(self.error(
-                burst.referenced.line(),
-                "burst",
-                "must be at least 1 (write requests_per_unit: 0 to deny every request)",
-            )),
-            Some(burst) => Ok(u64::from(burst.value)),
-        }
-    }
-
-    fn min_interval(&self) -> Result<u64, ConfigError> {
+    fn min_interval(&self) -> Result<Option<u64>, ConfigError> {
         let Some(text) = &self.raw.min_interval else {
-            return Ok(0);
+            return Ok(None);
         };
         let parsed: Result<Duration, _> = humantime::parse_duration(&text.value);
         match parsed {
-            Ok(duration) if duration <= Duration::from_secs(MAX_WINDOW_SECONDS) => {
-                Ok(u64::try_from(duration.as_micros()).unwrap_or(u64::MAX))
-            }
+            Ok(duration) if duration <= Duration::from_secs(MAX_WINDOW_SECONDS) => Ok(Some(
+                u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            )),
             _ => Err(self.error(
                 text.referenced.line(),
                 "min_interval",

@@ -7,58 +7,16 @@
 //! directories, whose files would otherwise appear twice (as the reference's
 //! `RUNTIME_IGNOREDOTFILES=true`). Symbolic links are followed.
 
+mod error;
 pub mod file;
 mod limits;
+mod raw;
 mod tree;
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::rules::RuleSet;
-
-/// One problem in the config: where it is and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub file: PathBuf,
-    /// 1-based line, when the problem has a place in the file.
-    pub line: Option<u64>,
-    /// Where in the document, e.g. `domain "api" > descriptors[2] (key "user") > rate_limit.unit`.
-    pub path: String,
-    pub reason: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
-        if let Some(line) = self.line {
-            write!(f, ":{line}")?;
-        }
-        if !self.path.is_empty() {
-            write!(f, ": {}", self.path)?;
-        }
-        write!(f, ": {}", self.reason)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// Every problem found while loading a directory, one per line when displayed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, error) in self.0.iter().enumerate() {
-            if index > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{error}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
+pub use error::{ConfigError, ConfigErrors};
 
 /// Loads and validates every config file under `dir`.
 pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {

@@ -5,23 +5,19 @@ use std::path::Path;
 
 use serde_saphyr::Spanned;
 
-use super::ConfigError;
-use super::file::RawDescriptor;
+use super::error::ConfigError;
 use super::limits;
+use super::raw::RawDescriptor;
 use crate::rules::{Level, Node, Rule, Selector};
 
+/// Builds the levels of one file.
 pub(super) struct Builder<'a> {
     pub(super) file: &'a Path,
 }
 
 impl Builder<'_> {
-    pub(super) fn error(&self, line: u64, path: String, reason: impl Into<String>) -> ConfigError {
-        ConfigError {
-            file: self.file.to_path_buf(),
-            line: Some(line),
-            path,
-            reason: reason.into(),
-        }
+    fn error(&self, line: u64, path: String, reason: impl Into<String>) -> ConfigError {
+        ConfigError::at(self.file, line, path, reason)
     }
 
     /// Builds one level; `path` names the parent for errors, `stats` is its stats path.
@@ -93,7 +89,7 @@ impl Builder<'_> {
         here: &str,
         stats: &str,
     ) -> Result<Option<Rule>, ConfigError> {
-        let Some((policy, replaces)) = limits::policy(self, raw, here)? else {
+        let Some((policy, replaces)) = limits::policy(self.file, raw, here)? else {
             return Ok(None);
         };
         let metadata = match &raw.metadata {

@@ -233,7 +233,7 @@ impl Pattern {
 }
 
 /// What a node with `rate_limit` applies.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Rule {
     pub policy: Policy,
     pub replaces: Vec<String>,

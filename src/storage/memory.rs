@@ -33,7 +33,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use super::keys::CounterKey;
 use super::{CounterStore, Hit, StoreError, vetoed};
-use crate::algorithm::{self, Charge, Decision, Outcome, State};
+use crate::algorithm::{self, Charge, Outcome, State, Transition};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
 
@@ -358,8 +358,8 @@ fn decide_in_order(
     stored: &[Option<State>],
     now: Micros,
     charge: Charge,
-) -> Vec<Decision> {
-    let mut decisions: Vec<Decision> = Vec::with_capacity(hits.len());
+) -> Vec<Transition> {
+    let mut decisions: Vec<Transition> = Vec::with_capacity(hits.len());
     // The state of each hit's counter after that hit.
     let mut after: Vec<Option<State>> = Vec::with_capacity(hits.len());
     for (index, hit) in hits.iter().enumerate() {
@@ -380,7 +380,7 @@ fn decide_in_order(
 fn unconsumed_outcomes(
     hits: &[Hit],
     stored: &[Option<State>],
-    decisions: &[Decision],
+    decisions: &[Transition],
     now: Micros,
 ) -> Vec<Outcome> {
     hits.iter()

@@ -4,24 +4,23 @@
 //! All-or-nothing: a request consumes on every descriptor or on none. The request is *vetoed*
 //! when an enforced descriptor is over, or when it has quota descriptors and all of them are
 //! over (quota_mode, as the reference computes the overall code); see `rejects`. Shadow hits
-//! never veto. When
-//! vetoed, nothing is consumed and the allowed hits report their unchanged counters. With
-//! `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
+//! never veto. When vetoed, nothing is consumed and the allowed hits report their unchanged
+//! counters. With `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
+//!
+//! This file is the vocabulary every store shares; `stack.rs` builds the store as served.
 
 pub mod deny_cache;
 pub mod guard;
 pub mod keys;
 pub mod memory;
 pub mod redis;
-pub mod script;
-pub mod slots;
+pub mod stack;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Charge, Outcome, Params};
-use crate::clock::SystemClock;
-use crate::metrics::Metrics;
+use crate::clock::Clock;
 use keys::CounterKey;
 
 /// How a hit's denial affects the request.
@@ -46,17 +45,29 @@ pub struct Hit {
     pub role: Role,
 }
 
+/// The cause of a store failure, kept for logs (`{:#}` shows it) and for `source()`.
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The store is not reachable or answered an error; worth retrying.
+    /// Not reachable or not ready: refused, dropped, not connected yet, a cluster down or
+    /// reconfiguring.
     #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// No answer within the store timeout.
+    Unavailable(#[source] Cause),
+    /// No answer within the store timeout (or the client's deadline).
     #[error("no answer from the store within {0:?}")]
-    Timeout(std::time::Duration),
+    Timeout(Duration),
     /// The circuit breaker is open: the store failed repeatedly and is not asked for now.
     #[error("store unavailable: circuit breaker open")]
     CircuitOpen,
+    /// The store answered with an error that retrying does not change: a wrong password, a
+    /// refused command, a failing script.
+    #[error("store refused the call: {0}")]
+    Refused(#[source] Cause),
+    /// The store answered something tollgate cannot read.
+    #[error("malformed reply from the store: {0}")]
+    MalformedReply(String),
 }
 
 impl StoreError {
@@ -66,7 +77,22 @@ impl StoreError {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Timeout(_) => "timeout",
             StoreError::CircuitOpen => "circuit_open",
+            StoreError::Refused(_) => "refused",
+            StoreError::MalformedReply(_) => "malformed_reply",
         }
+    }
+
+    /// Whether the same call may succeed later without anyone changing anything.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) | StoreError::Timeout(_) | StoreError::CircuitOpen => true,
+            StoreError::Refused(_) | StoreError::MalformedReply(_) => false,
+        }
+    }
+
+    /// Unavailable, for a cause given as text.
+    pub fn unavailable(cause: impl Into<String>) -> Self {
+        StoreError::Unavailable(cause.into().into())
     }
 }
 
@@ -80,78 +106,44 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
-/// Which store to build, from `--store`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreSpec {
-    Memory { max_keys: usize },
-    Redis(redis::RedisSpec),
-}
-
-/// Behaviour common to the stores, from the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the stores behave: one set of options for every store and the layers around them.
+#[derive(Clone)]
 pub struct StoreOptions {
     pub charge: Charge,
-    /// Bound on one call to a remote store.
+    /// Bound on one call to a remote store, redis-rs's own retries included.
     pub timeout: Duration,
     /// Counters the local deny cache of a remote store remembers (0: off).
     pub deny_cache_size: usize,
-    /// Connections to Redis (per node, on a cluster).
+    /// Most counters the memory store keeps.
+    pub memory_max_keys: usize,
+    /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
+    /// over.
     pub redis_connections: usize,
-    /// Serving runtimes; each beyond the first gets its own Redis connection.
+    /// Serving runtimes (`--runtime per-core`: one per core; else 1). Each runtime besides
+    /// the main one gets a Redis connection of its own, made on it, so that the connection's
+    /// driver task runs on the same thread as the calls it carries.
     pub runtimes: usize,
+    /// How often a cluster's slot map is read again, besides whenever a call finds it stale:
+    /// a resharding is noticed by the first call it affects anyway, so the period only bounds
+    /// how long grouping stays less than ideal.
+    pub slot_map_refresh: Duration,
+    /// `None`: time from the system clock, and in Redis from Redis `TIME`. `Some`: from this
+    /// clock everywhere, Redis scripts included (tests).
+    pub clock: Option<Arc<dyn Clock>>,
 }
 
-/// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
-/// expired counters in a background task; Redis is connected to in the background).
-pub fn build_store(
-    spec: &StoreSpec,
-    options: StoreOptions,
-    metrics: &Metrics,
-) -> Arc<dyn CounterStore> {
-    match spec {
-        StoreSpec::Memory { max_keys } => {
-            memory::MemoryStore::new(*max_keys, options.charge, Arc::new(SystemClock))
-                .with_metrics(metrics)
-                .start()
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            charge: Charge::IfAllowed,
+            timeout: Duration::from_millis(50),
+            deny_cache_size: 100_000,
+            memory_max_keys: 1_000_000,
+            redis_connections: 1,
+            runtimes: 1,
+            slot_map_refresh: Duration::from_secs(5),
+            clock: None,
         }
-        StoreSpec::Redis(spec) => {
-            let store = redis::RedisStore::start(
-                spec.clone(),
-                redis::RedisOptions {
-                    charge: options.charge,
-                    timeout: options.timeout,
-                    clock: None,
-                    connections: options.redis_connections,
-                    runtimes: options.runtimes,
-                    slot_map_refresh: redis::SLOT_MAP_REFRESH,
-                },
-            );
-            remote_stack(store, options, Arc::new(SystemClock), metrics)
-        }
-    }
-}
-
-/// A remote store as served: the deny cache (default charge only) in front of the store
-/// timeout and circuit breaker, so that cached denials neither reset the breaker nor wait
-/// for it.
-pub fn remote_stack(
-    store: Arc<dyn CounterStore>,
-    options: StoreOptions,
-    clock: Arc<dyn crate::clock::Clock>,
-    metrics: &Metrics,
-) -> Arc<dyn CounterStore> {
-    let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
-        store,
-        options.timeout,
-        metrics.store_seconds.clone(),
-    ));
-    if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
-        Arc::new(
-            deny_cache::DenyCached::new(guarded, options.deny_cache_size, clock)
-                .with_metrics(metrics),
-        )
-    } else {
-        guarded
     }
 }
 

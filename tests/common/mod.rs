@@ -19,8 +19,9 @@ use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 use tollgate::server::{self, Listeners, Options, ServerError};
 use tollgate::storage::memory::MemoryStore;
-use tollgate::storage::redis::{RedisOptions, RedisSpec, RedisStore};
-use tollgate::storage::{CounterStore, StoreOptions, remote_stack};
+use tollgate::storage::redis::{RedisSpec, RedisStore};
+use tollgate::storage::stack::remote_stack;
+use tollgate::storage::{CounterStore, StoreOptions};
 use tonic::transport::Channel;
 
 use redis_process::{RedisCluster, RedisServer};
@@ -128,25 +129,16 @@ pub fn redis_store(
     metrics: &Metrics,
 ) -> Arc<dyn CounterStore> {
     let spec = RedisSpec::parse(url, None).unwrap().unwrap();
-    let store = RedisStore::start(
-        spec,
-        RedisOptions {
-            charge,
-            timeout,
-            clock: Some(Arc::new(clock.clone())),
-            connections: 2,
-            runtimes: 1,
-            slot_map_refresh: tollgate::storage::redis::SLOT_MAP_REFRESH,
-        },
-    );
     let options = StoreOptions {
         charge,
         timeout,
         deny_cache_size: 1_000,
         redis_connections: 2,
-        runtimes: 1,
+        clock: Some(Arc::new(clock.clone())),
+        ..StoreOptions::default()
     };
-    remote_stack(store, options, Arc::new(clock.clone()), metrics)
+    let store = RedisStore::start(spec, options.clone());
+    remote_stack(store, &options, metrics)
 }
 
 fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Backing) {

@@ -1,8 +1,10 @@
--- Part 2: fixed window, a port of src/algorithm/fixed_window.rs.
+-- Fixed window (tag fw): src/algorithm/fixed_window.rs in Lua.
 -- state: {window_start, count}; parameter: anchor (0 epoch-aligned, 1 first hit).
 local MAX_COUNT = 4503599627370496 -- 2^52, algorithm::MAX_COUNT
 
-local function fixed_window(state, now, limit, window, anchor, hits, charge)
+local fixed_window = {}
+
+function fixed_window.decide(state, now, limit, window, anchor, hits, charge)
   local start, count
   if state and now < state[1] + window then
     start, count = state[1], state[2]
@@ -27,3 +29,14 @@ local function fixed_window(state, now, limit, window, anchor, hits, charge)
   end
   return new_state, false, 0, reset_after, reset_after
 end
+
+function fixed_window.give_back(state, at, _, window, _, count)
+  if state[1] <= at and at < state[1] + window then
+    state[2] = math.max(state[2] - count, 0)
+    if state[2] == 0 then
+      state[1] = 0
+    end
+  end
+end
+
+ALGORITHMS.fw = fixed_window

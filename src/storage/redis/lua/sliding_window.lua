@@ -1,4 +1,4 @@
--- Part 3: sliding window counter, a port of src/algorithm/sliding_window.rs.
+-- Sliding window counter (tag sw): src/algorithm/sliding_window.rs in Lua.
 -- state: {window_start, current, previous}; counts are at most the limit, so every product
 -- below is at most limit × window.
 
@@ -26,7 +26,9 @@ local function sliding_window_retry(current, previous, elapsed, limit, window, n
   return to_next + window
 end
 
-local function sliding_window(state, now, limit, window, _, hits, charge)
+local sliding_window = {}
+
+function sliding_window.decide(state, now, limit, window, _, hits, charge)
   local start = now - math.fmod(now, window)
   local current, previous = 0, 0
   if state and state[1] >= start then
@@ -62,3 +64,14 @@ local function sliding_window(state, now, limit, window, _, hits, charge)
   end
   return new_state, false, 0, reset_after, retry
 end
+
+function sliding_window.give_back(state, at, _, window, _, count)
+  local start = at - math.fmod(at, window)
+  if state[1] == start then
+    state[2] = math.max(state[2] - count, 0)
+  elseif state[1] == start + window then
+    state[3] = math.max(state[3] - count, 0)
+  end
+end
+
+ALGORITHMS.sw = sliding_window

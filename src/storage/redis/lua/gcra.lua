@@ -1,9 +1,11 @@
--- Part 6: GCRA, a port of src/algorithm/gcra.rs.
+-- GCRA (tag gcra): src/algorithm/gcra.rs in Lua.
 -- state: {tat, remainder}: the theoretical arrival time, tat + remainder / limit ticks;
 -- parameter: burst. Rust keeps the TAT in absolute ticks of 1/limit (now × limit passes
 -- 2^53); here it is kept relative to now (`ahead`), which is at most burst × window ≤ 2^52.
 
-local function gcra(state, now, limit, window, burst, hits, charge)
+local gcra = {}
+
+function gcra.decide(state, now, limit, window, burst, hits, charge)
   if limit == 0 then
     return never(window)
   end
@@ -39,3 +41,19 @@ local function gcra(state, now, limit, window, burst, hits, charge)
   end
   return new_state, false, 0, reset_after, retry
 end
+
+function gcra.give_back(state, at, limit, window, burst, count)
+  if limit == 0 or state[1] < at then
+    return
+  end
+  local ahead = (state[1] - at) * limit + state[2]
+  if count >= burst then
+    ahead = 0
+  else
+    ahead = math.max(ahead - count * window, 0)
+  end
+  local whole = idiv(ahead, limit)
+  state[1], state[2] = at + whole, ahead - whole * limit
+end
+
+ALGORITHMS.gcra = gcra

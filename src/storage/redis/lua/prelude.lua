@@ -1,13 +1,22 @@
--- tollgate counter script, part 1 of 7: shared helpers. The parts are concatenated, in the
--- order of src/storage/script.rs, into one script loaded once (SCRIPT LOAD) and called by
--- EVALSHA.
+-- tollgate counter script: shared helpers. The files are concatenated into one script
+-- (src/storage/redis/script.rs: this prelude, one file per algorithm, then apply.lua), loaded
+-- once (SCRIPT LOAD) and called by EVALSHA.
 --
 -- Exactness: Lua numbers are doubles, exact for integers up to 2^53. Every value below stays
 -- within 2^52 (src/algorithm/mod.rs: EXACT_BOUND, Params::tick), products that could exceed
 -- it are guarded by a comparison first, and division goes through math.fmod, which is exact,
 -- so each function returns exactly what its Rust twin in src/algorithm/ returns.
--- Conventions, as in Rust: times in ticks; a function returns
--- new_state (nil: leave it), allowed, remaining, reset_after, retry_after.
+-- Each algorithm file defines a table with the two functions of its Rust twin, under the
+-- same names, and registers it in ALGORITHMS by its key tag (Algorithm::key_tag):
+--   decide(state, now, limit, window, parameter, hits, charge)
+--     -> new_state (nil: leave it), allowed, remaining, reset_after, retry_after
+--   give_back(state, at, limit, window, parameter, count)
+--     -> nothing; returns `count` hits consumed at `at` to `state`, in place
+-- Times are in ticks; `parameter` is Algorithm::parameter_in_ticks; a state is its list of
+-- numbers, as stored.
+
+-- The algorithms by key tag; apply.lua refuses a tag it does not find here.
+local ALGORITHMS = {}
 
 -- floor(a / b) for non-negative integers.
 local function idiv(a, b)
@@ -36,7 +45,7 @@ local function never(window)
   return nil, false, 0, window, window
 end
 
--- Hits a call consumes.
+-- Hits a call consumes (Charge::consumed).
 local function consumed_by(allowed, charge, hits)
   if allowed or charge then
     return hits

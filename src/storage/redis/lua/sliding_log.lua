@@ -1,4 +1,4 @@
--- Part 4: sliding log, a port of src/algorithm/sliding_log.rs.
+-- Sliding log (tag sl): src/algorithm/sliding_log.rs in Lua.
 -- state: {at_1, hits_1, at_2, hits_2, ...}: runs of admitted hits, oldest first; at most
 -- `limit` hits in all (the config caps a sliding log's limit at 10,000).
 -- parameter: min_interval in ticks.
@@ -63,7 +63,9 @@ local function sliding_log_retry(runs, now, limit, window, min_interval, need, b
   return math.max(for_room, for_gap)
 end
 
-local function sliding_log(state, now, limit, window, min_interval, hits, charge)
+local sliding_log = {}
+
+function sliding_log.decide(state, now, limit, window, min_interval, hits, charge)
   local all = {}
   if state then
     for i = 1, #state - 1, 2 do
@@ -114,3 +116,18 @@ local function sliding_log(state, now, limit, window, min_interval, hits, charge
   end
   return new_state, false, 0, reset_after, retry
 end
+
+function sliding_log.give_back(state, at, _, _, _, count)
+  for j = #state - 1, 1, -2 do
+    if state[j] == at then
+      state[j + 1] = math.max(state[j + 1] - count, 0)
+      if state[j + 1] == 0 then
+        table.remove(state, j + 1)
+        table.remove(state, j)
+      end
+      return
+    end
+  end
+end
+
+ALGORITHMS.sl = sliding_log

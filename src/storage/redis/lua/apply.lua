@@ -1,5 +1,5 @@
--- Part 7: the entry point. Decides every hit of one request (or, on a cluster, of the hits of
--- one request that live on one node) atomically, as src/storage/memory.rs does in-process.
+-- The entry point. Decides every hit of one request (or, on a cluster, of the hits of one
+-- request that live on one node) atomically, as src/storage/memory.rs does in-process.
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
 --           or none, for a call across the slots of one node (the allow-cross-slot-keys
@@ -13,10 +13,12 @@
 --           here; "0" when other calls hold the rest (only an enforced denial vetoes here,
 --           the caller refunds when the whole request turns out vetoed).
 -- ARGV[5]   n, the number of hits.
--- ARGV[6..] 10 per hit: algorithm (fw|sw|sl|tb|gcra), requests, window µs, tick µs, parameter
---           (anchor, min_interval in ticks, or burst), hits, role (e enforced|q quota|s
---           shadow), descriptor index (a descriptor's hits are adjacent), and for "refund" the
---           two numbers the apply call reported for the counter (else -1 -1).
+-- ARGV[6..] 10 per hit: algorithm (its key tag, a key of ALGORITHMS), requests, window µs,
+--           tick µs, parameter (Algorithm::parameter_in_ticks), hits, role (e enforced|q
+--           quota|s shadow), descriptor index (a descriptor's hits are adjacent), and for
+--           "refund" of an algorithm that refunds only an unchanged counter
+--           (Refund::IfUnchanged) the two numbers the apply call reported for the counter;
+--           otherwise "" "" (refund whatever happened since).
 -- then      when KEYS is empty: the n counters, in hit order.
 -- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining,
 --           reset_after µs, retry_after µs, and the first two numbers of the counter's state
@@ -27,14 +29,6 @@
 -- Writes    only after every counter is read: a cross-slot call that finds a counter not on
 --           its node fails on the read of that counter (Redis refuses the access), having
 --           changed nothing, so the caller can send its hits again one slot at a time.
-
-local ALGORITHMS = {
-  fw = fixed_window,
-  sw = sliding_window,
-  sl = sliding_log,
-  tb = token_bucket,
-  gcra = gcra,
-}
 
 local mode = ARGV[1]
 local explicit_clock = ARGV[2] ~= ''
@@ -68,12 +62,15 @@ for i = 1, count do
     keys[i] = KEYS[i]
   end
   algorithms[i] = ALGORITHMS[ARGV[base + 1]]
+  if algorithms[i] == nil then
+    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[base + 1]) .. ' in hit ' .. i)
+  end
   requests[i] = tonumber(ARGV[base + 2])
   windows[i] = tonumber(ARGV[base + 3])
   ticks[i] = tonumber(ARGV[base + 4])
   parameters[i] = tonumber(ARGV[base + 5])
   amounts[i] = tonumber(ARGV[base + 6])
-  if algorithms[i] == nil or requests[i] == nil or windows[i] == nil or ticks[i] == nil
+  if requests[i] == nil or windows[i] == nil or ticks[i] == nil
     or ticks[i] < 1 or parameters[i] == nil or amounts[i] == nil or ARGV[base + 8] == nil then
     return redis.error_reply('ERR tollgate: malformed hit ' .. i)
   end
@@ -125,7 +122,7 @@ local function decide(i, state, at, hits)
   local tick = ticks[i]
   local window = math.max(idiv(windows[i], tick), 1)
   local new_state, allowed, remaining, reset_after, retry_after =
-    algorithms[i](state or nil, idiv(at, tick), requests[i], window, parameters[i], hits, charge)
+    algorithms[i].decide(state or nil, idiv(at, tick), requests[i], window, parameters[i], hits, charge)
   return new_state, allowed, remaining, reset_after * tick, retry_after * tick
 end
 
@@ -154,60 +151,17 @@ local function finish(final)
 end
 
 -- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
--- instant `at`, in ticks).
+-- instant `at`, in µs).
 local function give_back(i, state, at, count)
   local window = math.max(idiv(windows[i], ticks[i]), 1)
-  local algorithm = algorithms[i]
-  if algorithm == fixed_window then
-    if state[1] <= at and at < state[1] + window then
-      state[2] = math.max(state[2] - count, 0)
-    end
-  elseif algorithm == sliding_window then
-    local start = at - math.fmod(at, window)
-    if state[1] == start then
-      state[2] = math.max(state[2] - count, 0)
-    elseif state[1] == start + window then
-      state[3] = math.max(state[3] - count, 0)
-    end
-  elseif algorithm == sliding_log then
-    for j = #state - 1, 1, -2 do
-      if state[j] == at then
-        state[j + 1] = math.max(state[j + 1] - count, 0)
-        if state[j + 1] == 0 then
-          table.remove(state, j + 1)
-          table.remove(state, j)
-        end
-        break
-      end
-    end
-  elseif algorithm == token_bucket then
-    local capacity = parameters[i] * window
-    if count >= parameters[i] then
-      state[1] = capacity
-    else
-      state[1] = math.min(state[1] + count * window, capacity)
-    end
-  elseif algorithm == gcra then
-    if state[1] >= at then
-      local limit = requests[i]
-      local ahead = (state[1] - at) * limit + state[2]
-      if count >= parameters[i] then
-        ahead = 0
-      else
-        ahead = math.max(ahead - count * window, 0)
-      end
-      local whole = idiv(ahead, limit)
-      state[1], state[2] = at + whole, ahead - whole * limit
-    end
-  end
+  algorithms[i].give_back(state, idiv(at, ticks[i]), requests[i], window, parameters[i], count)
 end
 
 if mode == 'refund' then
-  -- One give-back per counter, of all its hits in the request. A token bucket's or GCRA's
-  -- state absorbs consumption into its refill cap or TAT floor once time passes, so giving
-  -- back to a state that changed since could hand out hits nobody paid for: those refund only
-  -- if the counter is still exactly as the apply call left it (else they under-admit briefly).
-  -- Windows and logs record consumption at its instant, so their give-back is exact anyway.
+  -- One give-back per counter, of all its hits in the request, under the algorithm's refund
+  -- rule (Refund in src/algorithm/mod.rs): a counter sent with the two numbers the apply call
+  -- left takes its refund only if it still holds them (compare and set); one sent with ""
+  -- takes it whatever happened since.
   local totals, order = {}, {}
   for i = 1, count do
     local key = keys[i]
@@ -225,11 +179,11 @@ if mode == 'refund' then
     local key = keys[i]
     local state = final[key]
     local base = 5 + (i - 1) * 10
-    local unchanged = state and state[1] == tonumber(ARGV[base + 9])
-      and state[2] == tonumber(ARGV[base + 10])
-    local exact = algorithms[i] ~= token_bucket and algorithms[i] ~= gcra
-    if state and totals[key] > 0 and (exact or unchanged) then
-      give_back(i, state, idiv(now, ticks[i]), totals[key])
+    local first, second = ARGV[base + 9], ARGV[base + 10]
+    local unconditional = first == '' and second == ''
+    local unchanged = state and state[1] == tonumber(first) and state[2] == tonumber(second)
+    if state and totals[key] > 0 and (unconditional or unchanged) then
+      give_back(i, state, now, totals[key])
       redis.call('SET', key, encode(state), 'KEEPTTL')
     end
   end

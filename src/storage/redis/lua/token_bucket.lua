@@ -1,8 +1,10 @@
--- Part 5: token bucket, a port of src/algorithm/token_bucket.rs.
+-- Token bucket (tag tb): src/algorithm/token_bucket.rs in Lua.
 -- state: {level, updated}: the level in units of 1/window token (a token is `window` units,
 -- one tick of refill adds `limit` units); parameter: burst. burst × window ≤ 2^52.
 
-local function token_bucket(state, now, limit, window, burst, hits, charge)
+local token_bucket = {}
+
+function token_bucket.decide(state, now, limit, window, burst, hits, charge)
   if limit == 0 then
     return never(window)
   end
@@ -37,3 +39,14 @@ local function token_bucket(state, now, limit, window, burst, hits, charge)
   end
   return new_state, false, 0, reset_after, retry
 end
+
+function token_bucket.give_back(state, _, _, window, burst, count)
+  local capacity = burst * window
+  if count >= burst then
+    state[1] = capacity
+  else
+    state[1] = math.min(state[1] + count * window, capacity)
+  end
+end
+
+ALGORITHMS.tb = token_bucket

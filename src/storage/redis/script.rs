@@ -1,6 +1,7 @@
-//! The counter script: the Lua ports of the algorithms (src/storage/lua/, one file per
-//! algorithm, each a faithful port of its Rust function) joined into one script, and the
-//! encoding of a call to it. The calling convention is documented in lua/apply.lua.
+//! The counter script: the Lua ports of the algorithms (`lua/`, one file per algorithm, each
+//! with the `decide` and `give_back` of its Rust twin in src/algorithm/) joined into one
+//! script, and the encoding of a call to it. The calling convention is documented in
+//! lua/apply.lua.
 
 use std::sync::LazyLock;
 
@@ -9,11 +10,12 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
 
-use super::{Hit, Role, StoreError};
-use crate::algorithm::{Algorithm, Anchor, Charge, Outcome};
+use crate::algorithm::{Charge, Outcome, Refund};
 use crate::clock::Micros;
+use crate::storage::{Hit, Role, StoreError};
 
-/// The parts, in the order the script needs them (helpers, algorithms, entry point).
+/// The parts, in the order the script needs them: helpers, one file per algorithm (each
+/// registers itself by its key tag), the entry point.
 const SOURCE: [&str; 7] = [
     include_str!("lua/prelude.lua"),
     include_str!("lua/fixed_window.lua"),
@@ -164,29 +166,29 @@ impl Call<'_> {
             .arg(hits);
         for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
-            let expected = self.expected.get(index).copied().unwrap_or((-1, -1));
             let tick = params.tick().unwrap_or(1_000_000);
-            let parameter = match params.algorithm {
-                Algorithm::FixedWindow { anchor } => u64::from(anchor == Anchor::FirstHit),
-                Algorithm::SlidingWindow => 0,
-                Algorithm::SlidingLog { min_interval } => min_interval.div_ceil(tick),
-                Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
-            };
             command
                 .arg(params.algorithm.key_tag())
                 .arg(params.requests)
                 .arg(params.window)
                 .arg(tick)
-                .arg(parameter)
+                .arg(params.algorithm.parameter_in_ticks(tick))
                 .arg(hit.hits)
                 .arg(match hit.role {
                     Role::Enforced => "e",
                     Role::Quota => "q",
                     Role::Shadow => "s",
                 })
-                .arg(hit.descriptor)
-                .arg(expected.0)
-                .arg(expected.1);
+                .arg(hit.descriptor);
+            // A refund of an `IfUnchanged` counter names the state it requires.
+            let condition = match (self.mode, params.algorithm.refund()) {
+                (Mode::Refund { .. }, Refund::IfUnchanged) => self.expected.get(index).copied(),
+                _ => None,
+            };
+            match condition {
+                Some((first, second)) => command.arg(first).arg(second),
+                None => command.arg("").arg(""),
+            };
         }
         if self.node.is_some() {
             for hit in self.hits {
@@ -195,15 +197,6 @@ impl Call<'_> {
         }
         command
     }
-}
-
-/// Whether a cross-slot call failed because one of its counters is not (or no longer) served
-/// by the node it went to (a resharding or failover moved a slot since the slot map was read),
-/// or because that node is no longer one redis-rs is connected to.
-/// The script reads every counter before writing any, so such a call changed nothing.
-pub fn is_off_node(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::ClusterConnectionNotFound
-        || error.to_string().contains("non local key")
 }
 
 fn is_no_script(error: &RedisError) -> bool {
@@ -215,7 +208,7 @@ const PER_HIT: usize = 6;
 
 /// Reads the script's reply for `count` hits.
 pub fn parse_reply(values: &[i64], count: usize) -> Result<Reply, StoreError> {
-    let malformed = || StoreError::Unavailable(format!("malformed script reply: {values:?}"));
+    let malformed = || StoreError::MalformedReply(format!("counter script answered {values:?}"));
     let (head, outcomes) = values.split_at_checked(2).ok_or_else(malformed)?;
     if outcomes.len() != count * PER_HIT {
         return Err(malformed());

@@ -1,6 +1,6 @@
-//! Which Redis Cluster master serves each slot, and how a request's hits split into script
-//! calls: one per node where the slot map is known (a call across the slots of one node), else
-//! one per slot. Fewer calls than slots matters: on a cluster every call costs the client and
+//! Which Redis Cluster master serves each slot (`Topology`, read from CLUSTER SLOTS and kept
+//! fresh in the background), and how a request's hits split into script calls: one per node
+//! where the slot map is known (a call across the slots of one node), else one per slot. Fewer calls than slots matters: on a cluster every call costs the client and
 //! the node a fixed overhead that dwarfs what a counter adds (docs/performance.md).
 //!
 //! A stale map costs a retry, never a wrong count: a call across slots whose counters are not
@@ -8,9 +8,16 @@
 //! its hits are sent again one slot at a time (`split_by_slot`), which redis-rs routes and
 //! redirects.
 
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
 use redis::Value;
 
-use super::Hit;
+use super::connection::Connection;
+use super::script::CROSS_SLOT_SCRIPT;
+use crate::storage::{Hit, StoreError};
 
 /// Slots in a Redis Cluster.
 pub const SLOTS: u16 = 16_384;
@@ -181,6 +188,99 @@ pub fn split_by_slot(indices: &[usize], hits: &[Hit]) -> Vec<Group<'static>> {
         }
     }
     slots.into_iter().map(|(_, group)| group).collect()
+}
+
+// === impl Topology ===
+
+/// What the store knows of a cluster's slots.
+#[derive(Default)]
+pub struct Topology {
+    /// Which node serves each slot, once known and once the cross-slot script is loaded.
+    owners: ArcSwapOption<SlotOwners>,
+    cross_slot: AtomicU8,
+    /// Woken when a call found the map stale, to read it again before the next period.
+    stale: Arc<tokio::sync::Notify>,
+}
+
+/// `Topology::cross_slot`: whether the cross-slot script is loaded on every node.
+const NOT_YET: u8 = 0;
+const LOADED: u8 = 1;
+/// A node refused to compile it (Redis before 7): one call per slot for good.
+const REFUSED: u8 = 2;
+
+/// Reads of the slot map are at least this far apart, so that calls finding it stale while a
+/// migration is in progress (the map cannot show a half-moved slot) do not flood the cluster.
+const SLOT_MAP_MIN_GAP: Duration = Duration::from_secs(1);
+
+impl Topology {
+    /// The slot map, when known.
+    pub fn owners(&self) -> Option<Arc<SlotOwners>> {
+        self.owners.load_full()
+    }
+
+    /// Asks for the map to be read again soon: a call found it stale.
+    pub fn report_stale(&self) {
+        self.stale.notify_one();
+    }
+
+    pub async fn refresh(&self, connection: &Connection) {
+        if self.cross_slot.load(Ordering::Acquire) == NOT_YET {
+            // Once is enough: a node that lacks it later (restarted, promoted) gets it with
+            // its first call, by EVAL. Redis before 7 cannot compile it.
+            match connection.load(&CROSS_SLOT_SCRIPT).await {
+                Ok(()) => self.cross_slot.store(LOADED, Ordering::Release),
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(%error, "loading the cross-slot script failed; one call per slot until it loads");
+                }
+                Err(error) => {
+                    tracing::info!(%error, "the cluster cannot run cross-slot scripts (Redis 7+): one call per slot");
+                    self.cross_slot.store(REFUSED, Ordering::Release);
+                }
+            }
+        }
+        if self.cross_slot.load(Ordering::Acquire) != LOADED {
+            return;
+        }
+        let reply = connection
+            .query::<Value>(&redis::cmd("CLUSTER").arg("SLOTS").to_owned())
+            .await;
+        let owners = reply.and_then(|reply| {
+            SlotOwners::from_cluster_slots(&reply)
+                .map_err(|error| StoreError::MalformedReply(error.to_string()))
+        });
+        match owners {
+            Ok(owners) => self.owners.store(Some(Arc::new(owners))),
+            // A stale map is still mostly right, and a call it misleads is sent again.
+            Err(error) => tracing::warn!(%error, "reading the cluster's slot map failed"),
+        }
+    }
+
+    /// Keeps the map fresh while the store lives (the task holds the topology only while it
+    /// reads the map).
+    pub fn keep_fresh(topology: Weak<Self>, connection: Connection, period: Duration) {
+        let Some(stale) = topology
+            .upgrade()
+            .map(|topology| Arc::clone(&topology.stale))
+        else {
+            return;
+        };
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SLOT_MAP_MIN_GAP.min(period)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(period.saturating_sub(SLOT_MAP_MIN_GAP)) => {}
+                    _ = stale.notified() => {}
+                }
+                let Some(topology) = topology.upgrade() else {
+                    return;
+                };
+                if topology.cross_slot.load(Ordering::Acquire) == REFUSED {
+                    return;
+                }
+                topology.refresh(&connection).await;
+            }
+        });
+    }
 }
 
 #[cfg(test)]

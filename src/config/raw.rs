@@ -1,0 +1,146 @@
+//! The YAML as written: serde structs that mirror a config file exactly (unknown keys are
+//! errors, positions kept with `Spanned`), and the parse itself, whose errors carry the line
+//! and the path serde was at.
+
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+use super::error::ConfigError;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFile {
+    pub(super) domain: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDescriptor {
+    pub(super) key: Spanned<String>,
+    pub(super) value: Option<Spanned<String>>,
+    pub(super) rate_limit: Option<Spanned<RawRateLimit>>,
+    /// tollgate extension: several limits on one descriptor.
+    pub(super) rate_limits: Option<Spanned<Vec<Spanned<RawRateLimit>>>>,
+    #[serde(default)]
+    pub(super) shadow_mode: bool,
+    #[serde(default)]
+    pub(super) quota_mode: bool,
+    #[serde(default)]
+    pub(super) detailed_metric: bool,
+    #[serde(default)]
+    pub(super) value_to_metric: bool,
+    pub(super) share_threshold: Option<Spanned<bool>>,
+    pub(super) metadata: Option<Spanned<serde_json::Value>>,
+    #[serde(default)]
+    pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRateLimit {
+    pub(super) unit: Option<Spanned<String>>,
+    pub(super) requests_per_unit: Option<u32>,
+    #[serde(default)]
+    pub(super) unlimited: bool,
+    pub(super) name: Option<String>,
+    #[serde(default)]
+    pub(super) replaces: Vec<Spanned<RawReplace>>,
+    // tollgate extensions; see docs/algorithms.md.
+    pub(super) algorithm: Option<Spanned<String>>,
+    pub(super) unit_multiplier: Option<Spanned<u32>>,
+    pub(super) burst: Option<Spanned<u32>>,
+    pub(super) min_interval: Option<Spanned<String>>,
+    pub(super) anchor: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReplace {
+    pub(super) name: String,
+}
+
+/// Runs serde over the YAML, keeping the path of a failure.
+pub(super) fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigError> {
+    let mut track = serde_path_to_error::Track::new();
+    let result = serde_saphyr::with_deserializer_from_str(text, |de| {
+        RawFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+    });
+    result.map_err(|error| ConfigError {
+        file: file.to_path_buf(),
+        line: error.location().map(|location| location.line()),
+        path: yaml_path(&track.path()),
+        reason: yaml_reason(&error),
+    })
+}
+
+/// The path serde was at, without the `value` steps that `Spanned` wrappers add: every list
+/// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
+/// the wrapper's, not a YAML key.
+fn yaml_path(path: &serde_path_to_error::Path) -> String {
+    const SPANNED_FIELDS: [&str; 13] = [
+        "domain",
+        "key",
+        "value",
+        "rate_limit",
+        "rate_limits",
+        "unit",
+        "metadata",
+        "share_threshold",
+        "algorithm",
+        "unit_multiplier",
+        "burst",
+        "min_interval",
+        "anchor",
+    ];
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    let mut wrapper_next = false;
+    for segment in path.iter() {
+        match segment {
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if wrapper_next && key == "value" {
+                    wrapper_next = false;
+                    continue;
+                }
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+                wrapper_next = SPANNED_FIELDS.contains(&key.as_str());
+            }
+            Segment::Seq { index } => {
+                out.push_str(&format!("[{index}]"));
+                wrapper_next = true;
+            }
+            Segment::Unknown => wrapper_next = false,
+        }
+    }
+    out
+}
+
+/// The YAML error's own message, without the location and source snippet that its `Display`
+/// adds (we print the location ourselves, in the `file:line:` form).
+fn yaml_reason(error: &serde_saphyr::Error) -> String {
+    if matches!(
+        error.without_snippet(),
+        serde_saphyr::Error::MultipleDocuments { .. }
+    ) {
+        return "more than one YAML document; a config file holds exactly one domain".to_owned();
+    }
+    let text = error.without_snippet().to_string();
+    let first_line = text.lines().next().unwrap_or_default();
+    let reason = match first_line.rfind(" at line ") {
+        Some(at) => &first_line[..at],
+        None => first_line,
+    };
+    // Say what is expected in the config's terms rather than Rust's.
+    match reason {
+        "invalid u32" => "expected a whole number from 0 to 4294967295".to_owned(),
+        "invalid boolean" => "expected true or false".to_owned(),
+        other => other.to_owned(),
+    }
+}

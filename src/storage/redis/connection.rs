@@ -1,0 +1,162 @@
+//! A connection to Redis, a single server or a cluster behind one type: script calls, plain
+//! commands, pings, and every `RedisError` turned into a `StoreError` here, once.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script};
+
+use super::script::{Call, Reply, SCRIPT, parse_reply};
+use super::url::RedisSpec;
+use crate::storage::StoreError;
+
+/// A multiplexed connection (cheap to clone: clones share it) and its call timeout.
+#[derive(Clone)]
+pub struct Connection {
+    link: Link,
+    timeout: Duration,
+}
+
+#[derive(Clone)]
+enum Link {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.link, Link::Cluster(_))
+    }
+
+    /// Sends a script call routed by its first key (on a single server, the only way).
+    pub async fn call(&self, call: &Call<'_>) -> Result<Reply, StoreError> {
+        let values = match self.link.clone() {
+            Link::Single(mut connection) => call.invoke(&mut connection).await,
+            Link::Cluster(mut connection) => call.invoke(&mut connection).await,
+        };
+        let values = values.map_err(|error| self.store_error(error))?;
+        parse_reply(&values, call.hits.len())
+    }
+
+    /// Sends a call that names its cluster node (`Call::node`) to that node. `Ok(None)`: a
+    /// counter is not (or no longer) on that node, or redis-rs no longer knows the node; the
+    /// script reads every counter before writing any, so such a call changed nothing and can
+    /// be sent again one slot at a time.
+    pub async fn call_on_node(&self, call: &Call<'_>) -> Result<Option<Reply>, StoreError> {
+        let (Link::Cluster(mut connection), Some(node)) = (self.link.clone(), call.node) else {
+            return self.call(call).await.map(Some);
+        };
+        match call.invoke_on(&mut connection, node).await {
+            Ok(values) => parse_reply(&values, call.hits.len()).map(Some),
+            Err(error) if is_off_node(&error) => Ok(None),
+            Err(error) => Err(self.store_error(error)),
+        }
+    }
+
+    /// A command, routed by redis-rs (on a cluster: by key, or to every node for commands such
+    /// as SCRIPT LOAD, or to a random node).
+    pub async fn query<T: FromRedisValue>(&self, command: &Cmd) -> Result<T, StoreError> {
+        let answer = match self.link.clone() {
+            Link::Single(mut connection) => command.query_async(&mut connection).await,
+            Link::Cluster(mut connection) => command.query_async(&mut connection).await,
+        };
+        answer.map_err(|error| self.store_error(error))
+    }
+
+    /// Answers when Redis does (on a cluster, a random node: enough to know it answers).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.query::<()>(&redis::cmd("PING")).await
+    }
+
+    /// Loads `script` (on every node of a cluster), so that calls can go by EVALSHA.
+    pub async fn load(&self, script: &Script) -> Result<(), StoreError> {
+        let answer = match self.link.clone() {
+            Link::Single(mut connection) => script.load_async(&mut connection).await,
+            Link::Cluster(mut connection) => script.load_async(&mut connection).await,
+        };
+        answer.map(drop).map_err(|error| self.store_error(error))
+    }
+
+    /// What a failed Redis call means for the store's callers.
+    fn store_error(&self, error: RedisError) -> StoreError {
+        store_error(error, self.timeout)
+    }
+}
+
+/// Classifies a Redis error once: no answer in time; not reachable or not ready (refused,
+/// dropped, a cluster down or reconfiguring, a replica loading: redis-rs would retry or
+/// reconnect, and so may we); or an answer that retrying does not change (a wrong password, a
+/// refused command, a failing script).
+pub fn store_error(error: RedisError, timeout: Duration) -> StoreError {
+    if error.is_timeout() {
+        return StoreError::Timeout(timeout);
+    }
+    let lasting = error.kind() == ErrorKind::AuthenticationFailed
+        || matches!(error.retry_method(), RetryMethod::NoRetry);
+    if lasting {
+        StoreError::Refused(Box::new(error))
+    } else {
+        StoreError::Unavailable(Box::new(error))
+    }
+}
+
+/// Whether a cross-slot call failed because a counter is not served by the node it went to.
+fn is_off_node(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::ClusterConnectionNotFound
+        || error.to_string().contains("non local key")
+}
+
+/// `count` independent connections: on one multiplexed connection a single task writes and
+/// reads every call, which caps throughput before Redis does (docs/performance.md).
+pub async fn connect_all(
+    spec: &RedisSpec,
+    timeout: Duration,
+    count: usize,
+) -> Result<Box<[Connection]>, StoreError> {
+    let mut connections = Vec::with_capacity(count);
+    for _ in 0..count {
+        connections.push(connect(spec, timeout).await?);
+    }
+    Ok(connections.into_boxed_slice())
+}
+
+/// Connects and loads the counter script.
+pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, StoreError> {
+    let link = open(spec, timeout)
+        .await
+        .map_err(|error| store_error(error, timeout))?;
+    let connection = Connection { link, timeout };
+    connection.load(&SCRIPT).await?;
+    Ok(connection)
+}
+
+async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
+    let infos = spec.connection_infos()?;
+    let connect_timeout = timeout.max(Duration::from_millis(500));
+    if spec.cluster {
+        // redis-rs's defaults retry for minutes; a rate limit decision has milliseconds.
+        let client = ClusterClient::builder(infos)
+            .connection_timeout(connect_timeout)
+            .response_timeout(timeout)
+            .overall_response_timeout(Some(timeout))
+            .retries(2)
+            .min_retry_wait(1)
+            .max_retry_wait(10)
+            .build()?;
+        return Ok(Link::Cluster(client.get_async_connection().await?));
+    }
+    let Some(info) = infos.into_iter().next() else {
+        return Err(RedisError::from((ErrorKind::Client, "no Redis node")));
+    };
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(10));
+    let client = redis::Client::open(info)?;
+    Ok(Link::Single(
+        client.get_connection_manager_with_config(config).await?,
+    ))
+}

@@ -1,0 +1,390 @@
+//! The Redis and Redis Cluster store: one implementation over redis-rs async connections
+//! (multiplexed, so concurrent requests pipeline on one connection per node).
+//!
+//! One round trip per request: on a cluster the hits of a request are grouped by the node that
+//! serves their slots (the hash tag `keys.rs` puts in every key), one script call per node,
+//! all in flight at once; a single Redis gets one call for the whole request. Within a call
+//! the script is atomic and applies the veto rule itself. Across nodes, a group that consumed
+//! is refunded when another group's denial vetoes the request (so a rejected request never
+//! over-admits; it may briefly under-admit while the refund is in flight). Grouping by node
+//! needs the slot map (`slots.rs`, refreshed in the background) and Redis 7's
+//! `allow-cross-slot-keys`; without them, one call per slot.
+//!
+//! Starting without Redis is normal (it may come up after us): the connection is made in the
+//! background with backoff, and until then every call and the health probe fail fast.
+//!
+//! Files: `url.rs` (where Redis is), `connection.rs` (a single server or a cluster behind one
+//! type, and the error classification), `slots.rs` (the slot map and the grouping),
+//! `script.rs` with `lua/` (the counter script).
+
+mod connection;
+pub mod script;
+pub mod slots;
+mod url;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use connection::{Connection, connect, connect_all};
+use script::{Call, Mode, Reply};
+use slots::{Group, Topology, plan, split_by_slot};
+pub use url::{RedisSpec, SpecError};
+
+use crate::algorithm::{Charge, Outcome};
+use crate::clock::Micros;
+use crate::storage::{CounterStore, Hit, StoreError, StoreOptions, vetoed};
+
+pub struct RedisStore {
+    /// Set once every connection is up; calls take them in turn.
+    connections: Arc<OnceLock<Box<[Connection]>>>,
+    next: AtomicUsize,
+    /// The connections of runtimes 1.. (see `StoreOptions::runtimes`).
+    local: Arc<[LocalConnection]>,
+    spec: RedisSpec,
+    options: StoreOptions,
+    topology: Arc<Topology>,
+}
+
+/// A runtime's own connection, made in the background on that runtime.
+#[derive(Default)]
+struct LocalConnection {
+    connection: OnceLock<Connection>,
+    connecting: AtomicBool,
+}
+
+/// Backoff of the background connect: from 100 ms, doubling, at most 5 s apart.
+const CONNECT_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl RedisStore {
+    /// Creates the store and starts connecting in the background. Must run inside a tokio
+    /// runtime.
+    pub fn start(spec: RedisSpec, options: StoreOptions) -> Arc<Self> {
+        // rediss:// goes through rustls, which needs a process-wide crypto provider; an
+        // error only means one is installed already.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let store = Arc::new(Self {
+            connections: Arc::new(OnceLock::new()),
+            next: AtomicUsize::new(0),
+            local: (1..options.runtimes)
+                .map(|_| LocalConnection::default())
+                .collect(),
+            spec: spec.clone(),
+            options,
+            topology: Arc::default(),
+        });
+        let slot = Arc::clone(&store.connections);
+        let topology = Arc::downgrade(&store.topology);
+        let refresh = store.options.slot_map_refresh;
+        let timeout = store.options.timeout;
+        let count = store.options.redis_connections.max(1);
+        tokio::spawn(async move {
+            let mut wait = CONNECT_BACKOFF.0;
+            loop {
+                match connect_all(&spec, timeout, count).await {
+                    Ok(connections) => {
+                        tracing::info!(?spec, connections = count, "connected to Redis");
+                        // The slot map is read before the first call can be made, so that
+                        // calls group by node from the start.
+                        if let (Some(first), true, Some(known)) =
+                            (connections.first(), spec.cluster, topology.upgrade())
+                        {
+                            known.refresh(first).await;
+                            Topology::keep_fresh(topology, first.clone(), refresh);
+                        }
+                        let _ = slot.set(connections);
+                        return;
+                    }
+                    Err(error) => {
+                        tracing::warn!(?spec, %error, retry_in = ?wait, "Redis not reachable yet");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(CONNECT_BACKOFF.1);
+                    }
+                }
+            }
+        });
+        store
+    }
+
+    fn connection(&self) -> Result<&Connection, StoreError> {
+        if let Some(local) = self.local_connection() {
+            return Ok(local);
+        }
+        let connections = self
+            .connections
+            .get()
+            .ok_or_else(|| StoreError::unavailable("not connected to Redis yet"))?;
+        let turn = self.next.fetch_add(1, Ordering::Relaxed) % connections.len().max(1);
+        connections
+            .get(turn)
+            .ok_or_else(|| StoreError::unavailable("no Redis connection"))
+    }
+
+    /// This runtime's own connection, once made. The first call on a runtime without one
+    /// starts making it there (after the shared connections are up, so never while Redis is
+    /// unreachable), and uses the shared connections meanwhile: no call waits for a connect.
+    fn local_connection(&self) -> Option<&Connection> {
+        let index = crate::runtime::index().checked_sub(1)?;
+        let slot = self.local.get(index)?;
+        if let Some(connection) = slot.connection.get() {
+            return Some(connection);
+        }
+        if self.connections.get().is_some() && !slot.connecting.swap(true, Ordering::AcqRel) {
+            let (local, spec, timeout) = (
+                Arc::clone(&self.local),
+                self.spec.clone(),
+                self.options.timeout,
+            );
+            // Spawned here: on this runtime, where the connection's driver must run.
+            tokio::spawn(async move {
+                let Some(slot) = local.get(index) else {
+                    return;
+                };
+                match connect(&spec, timeout).await {
+                    Ok(connection) => {
+                        let _ = slot.connection.set(connection);
+                    }
+                    Err(error) => {
+                        // The shared connections serve meanwhile: no hurry to retry.
+                        tracing::warn!(%error, runtime = index + 1, retry_in = ?CONNECT_BACKOFF.1, "a runtime's own Redis connection failed");
+                        tokio::time::sleep(CONNECT_BACKOFF.1).await;
+                        slot.connecting.store(false, Ordering::Release);
+                    }
+                }
+            });
+        }
+        None
+    }
+
+    fn explicit_now(&self) -> Option<Micros> {
+        self.options.clock.as_ref().map(|clock| clock.now())
+    }
+
+    async fn apply_remote(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let grouped = connection.is_cluster() && hits.len() > 1;
+        // Held for the call: the groups borrow their nodes' addresses from it.
+        let owners = grouped.then(|| self.topology.owners()).flatten();
+        let groups = if grouped {
+            plan(hits, owners.as_deref())
+        } else {
+            Vec::new()
+        };
+        // The whole request in one call (a single Redis, or every counter in one slot): the
+        // script applies the whole veto rule itself; no regrouping, no refund.
+        if groups.len() <= 1 && !groups.first().is_some_and(|group| group.cross_slot) {
+            let call = self.call(Mode::Apply, hits, None, true);
+            return Ok(connection.call(&call).await?.outcomes);
+        }
+        self.apply_grouped(connection, hits, groups).await
+    }
+
+    fn call<'a>(
+        &self,
+        mode: Mode,
+        hits: &'a [Hit],
+        node: Option<(&'a str, u16)>,
+        complete: bool,
+    ) -> Call<'a> {
+        Call {
+            mode,
+            hits,
+            node,
+            now: self.explicit_now(),
+            charge: self.options.charge,
+            complete,
+            expected: &[],
+        }
+    }
+
+    /// One call per group, all in flight at once; a cross-slot group that found a counter
+    /// off its node (a stale slot map) is sent again one slot at a time. A request with a
+    /// call that failed fails as a whole, and what its other calls consumed is given back
+    /// (with --count-denied every attempt that reached its counters counts, so nothing is).
+    async fn apply_grouped(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+        groups: Vec<Group<'_>>,
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let complete = groups.len() == 1;
+        let results = self.send_groups(connection, hits, &groups, complete).await;
+        let mut sent: Vec<(Group<'_>, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
+        let mut again = Vec::new();
+        let mut failure = None;
+        for (group, (group_hits, result)) in groups.into_iter().zip(results) {
+            match result {
+                Ok(Some(reply)) => sent.push((group, group_hits, reply)),
+                Ok(None) => again.extend(split_by_slot(&group.indices, hits)),
+                Err(error) => failure = failure.or(Some(error)),
+            }
+        }
+        if !again.is_empty() {
+            self.topology.report_stale();
+        }
+        if !again.is_empty() && failure.is_none() {
+            let results = self.send_groups(connection, hits, &again, false).await;
+            for (group, (group_hits, result)) in again.into_iter().zip(results) {
+                match result {
+                    Ok(Some(reply)) => sent.push((group, group_hits, reply)),
+                    // One slot per call, routed by key: redis-rs follows the redirections.
+                    Ok(None) => {
+                        let moved = StoreError::unavailable("a counter's slot moved twice");
+                        failure = failure.or(Some(moved));
+                    }
+                    Err(error) => failure = failure.or(Some(error)),
+                }
+            }
+        }
+
+        let mut outcomes = vec![Outcome::default(); hits.len()];
+        for (group, _, reply) in &sent {
+            for (&index, outcome) in group.indices.iter().zip(&reply.outcomes) {
+                outcomes[index] = *outcome;
+            }
+        }
+        if let Some(error) = failure {
+            if self.options.charge == Charge::IfAllowed {
+                self.refund(connection, &sent, &mut outcomes).await;
+            }
+            return Err(error);
+        }
+        if self.options.charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
+        {
+            self.refund(connection, &sent, &mut outcomes).await;
+        }
+        Ok(outcomes)
+    }
+
+    /// Applies each group's hits in one call, all at once; answers in the order of `groups`.
+    /// A cross-slot group goes to its node's address (`None`: a counter was not there).
+    async fn send_groups(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+        groups: &[Group<'_>],
+        complete: bool,
+    ) -> Vec<(Vec<Hit>, Result<Option<Reply>, StoreError>)> {
+        let grouped: Vec<Vec<Hit>> = groups
+            .iter()
+            .map(|group| group.indices.iter().map(|&i| hits[i].clone()).collect())
+            .collect();
+        let calls = groups.iter().zip(&grouped).map(|(group, group_hits)| {
+            let node = group.node.filter(|_| group.cross_slot);
+            async move {
+                let call = self.call(Mode::Apply, group_hits, node, complete);
+                connection.call_on_node(&call).await
+            }
+        });
+        let results = futures_util::future::join_all(calls).await;
+        grouped.into_iter().zip(results).collect()
+    }
+
+    /// Gives back what the committed groups of a vetoed or failed request consumed; their
+    /// allowed hits then report their counters as they are after the refund. The refund runs
+    /// as its own task, so a caller that goes away (a client deadline) does not leave hits
+    /// consumed; if it fails, the request is still answered as vetoed (or failed), its
+    /// counters under-admitting briefly.
+    async fn refund(
+        &self,
+        connection: &Connection,
+        sent: &[(Group<'_>, Vec<Hit>, Reply)],
+        outcomes: &mut [Outcome],
+    ) {
+        // One refund per slot (routed by key, as refunds are rare): a group's hits are at
+        // positions 0.. of its own hit list.
+        let refunds: Vec<Refund> = sent
+            .iter()
+            .filter(|(_, _, reply)| reply.committed)
+            .flat_map(|(group, hits, reply)| {
+                let positions: Vec<usize> = (0..hits.len()).collect();
+                split_by_slot(&positions, hits)
+                    .into_iter()
+                    .map(move |slot| Refund {
+                        indices: slot.indices.iter().map(|&p| group.indices[p]).collect(),
+                        hits: slot
+                            .indices
+                            .iter()
+                            .map(|&p| Hit {
+                                hits: if reply.outcomes[p].allowed {
+                                    hits[p].hits
+                                } else {
+                                    0
+                                },
+                                ..hits[p].clone()
+                            })
+                            .collect(),
+                        at: reply.now,
+                        expected: slot.indices.iter().map(|&p| reply.states[p]).collect(),
+                    })
+            })
+            .collect();
+        let connection = connection.clone();
+        let task = tokio::spawn(async move {
+            let calls = refunds.iter().map(|refund| {
+                let call = Call {
+                    mode: Mode::Refund { at: refund.at },
+                    hits: &refund.hits,
+                    node: None,
+                    now: None,
+                    charge: Charge::IfAllowed,
+                    complete: false,
+                    expected: &refund.expected,
+                };
+                let connection = &connection;
+                async move { connection.call(&call).await }
+            });
+            let replies = futures_util::future::join_all(calls).await;
+            (refunds, replies)
+        });
+        let (refunds, replies) = match task.await {
+            Ok(done) => done,
+            Err(error) => {
+                tracing::warn!(%error, "refund task failed");
+                return;
+            }
+        };
+        for (refund, reply) in refunds.iter().zip(replies) {
+            match reply {
+                Ok(reply) => {
+                    for ((&index, hit), outcome) in
+                        refund.indices.iter().zip(&refund.hits).zip(reply.outcomes)
+                    {
+                        if hit.hits > 0 {
+                            outcomes[index] = outcome;
+                        }
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset");
+                }
+            }
+        }
+    }
+}
+
+/// What one slot of a committed group of a vetoed request gives back.
+struct Refund {
+    /// The hits, by index into the request's.
+    indices: Vec<usize>,
+    /// The hits, with `hits` 0 for those that did not consume.
+    hits: Vec<Hit>,
+    /// When the apply call consumed.
+    at: Micros,
+    /// The state the apply call left, which an `IfUnchanged` algorithm's refund requires.
+    expected: Vec<(i64, i64)>,
+}
+
+#[tonic::async_trait]
+impl CounterStore for RedisStore {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        self.apply_remote(self.connection()?, hits).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.connection()?.ping().await
+    }
+}

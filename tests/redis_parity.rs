@@ -1,17 +1,17 @@
-//! Parity: each algorithm's Lua port (src/storage/lua/) answers exactly what its Rust function
-//! answers. Long random sequences of (time step, hits) with explicit instants go through
-//! `algorithm::decide` and through the script on a real redis-server, call by call, and every
-//! outcome must be identical, for both charges and for limits large enough to count in
-//! millisecond ticks.
+//! Parity: each algorithm's Lua port (src/storage/redis/lua/) answers exactly what its Rust
+//! functions answer. Long random sequences of applies, vetoed applies and refunds, with
+//! explicit instants, go through `algorithm::decide` and `algorithm::give_back` and through the
+//! script on a real redis-server, call by call: every outcome and every stored state must be
+//! identical, for both charges and for limits large enough to count in millisecond ticks.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use common::redis_process::RedisServer;
-use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Outcome, Params, State};
+use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
-use tollgate::storage::keys::{EntryValue, counter_key};
+use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
 use tollgate::storage::redis::script::{Call, Mode, parse_reply};
 use tollgate::storage::{Hit, Role};
 
@@ -60,6 +60,69 @@ fn step(rng: &mut Rng, params: &Params) -> (Micros, u64) {
 struct Tally {
     allowed: u64,
     denied: u64,
+    vetoed: u64,
+    refunded: u64,
+}
+
+/// What a step does to the counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// A call of its own, committed unless denied.
+    Apply,
+    /// A call vetoed by another descriptor of the same request, which is always over: it
+    /// consumes nothing, and admitted hits report a check.
+    Veto,
+    /// Gives back what one of the last few committed applies consumed (possibly after later
+    /// ones), as a cluster does when another node vetoed the request.
+    Refund,
+}
+
+fn op(rng: &mut Rng, charge: Charge) -> Op {
+    if charge == Charge::Always {
+        return Op::Apply; // every attempt counts: nothing is vetoed or refunded
+    }
+    match rng.below(100) {
+        0..70 => Op::Apply,
+        70..85 => Op::Veto,
+        _ => Op::Refund,
+    }
+}
+
+/// A state's numbers, as the script stores them.
+fn numbers(state: &State) -> Vec<u64> {
+    match state {
+        State::FixedWindow(s) => vec![s.window_start, s.count],
+        State::SlidingWindow(s) => vec![s.window_start, s.current, s.previous],
+        State::SlidingLog(s) => s.runs.iter().flat_map(|&(at, n)| [at, n]).collect(),
+        State::TokenBucket(s) => vec![s.level, s.updated],
+        State::Gcra(s) => vec![s.tat, s.remainder],
+    }
+}
+
+/// The counter as stored in Redis.
+async fn stored(
+    connection: &mut redis::aio::MultiplexedConnection,
+    key: &CounterKey,
+) -> Option<Vec<u64>> {
+    let text: Option<String> = redis::cmd("GET")
+        .arg(key.as_str())
+        .query_async(connection)
+        .await
+        .unwrap();
+    text.map(|text| {
+        text.split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect()
+    })
+}
+
+/// A committed apply that a later step may refund.
+struct Committed {
+    at: Micros,
+    hits: u64,
+    /// The state it left, in Rust and as the script reported it.
+    state: Option<State>,
+    reported: Vec<(i64, i64)>,
 }
 
 async fn run_sequence(
@@ -86,44 +149,120 @@ async fn run_sequence(
         hits,
         role: Role::Enforced,
     };
+    // Always over: a request that carries it is vetoed.
+    let blocker = {
+        let params = Params {
+            algorithm: Algorithm::default(),
+            requests: 0,
+            window: SECOND,
+        };
+        Hit {
+            descriptor: 1,
+            key: counter_key("parity", [("blocker", EntryValue::Actual(name))], &params),
+            params,
+            hits: 1,
+            role: Role::Enforced,
+        }
+    };
     let mut state: Option<State> = None;
+    // Committed applies not yet refunded, newest last; each is refunded at most once.
+    let mut pending: Vec<Committed> = Vec::new();
     let mut now = START;
     let mut tally = Tally {
         allowed: 0,
         denied: 0,
+        vetoed: 0,
+        refunded: 0,
     };
     for index in 0..steps {
         let (gap, hits) = step(&mut rng, &params);
         now += gap;
-        let decision = algorithm::decide(&params, state.as_ref(), now, hits, charge);
-        if let Some(next) = decision.state {
-            state = Some(next);
-        }
-        let one = [hit(hits)];
-        let call = Call {
-            mode: Mode::Apply,
-            hits: &one,
-            node: None,
-            now: Some(now),
-            charge,
-            complete: true,
-            expected: &[],
-        };
-        let values: Vec<i64> = call
-            .invoke(connection)
-            .await
-            .unwrap_or_else(|error| panic!("{name} step {index}: {error}"));
-        let reply = parse_reply(&values, 1).unwrap();
-        let lua: Outcome = reply.outcomes[0];
-        assert_eq!(
-            lua, decision.outcome,
-            "{name} ({params:?}, {charge:?}) step {index}: {hits} hits at {now}: Lua vs Rust"
-        );
-        if lua.allowed {
-            tally.allowed += 1;
+        let op = op(&mut rng, charge);
+        let context =
+            format!("{name} ({params:?}, {charge:?}) step {index}: {op:?} {hits} hits at {now}");
+        if op == Op::Refund {
+            if pending.is_empty() {
+                continue;
+            }
+            let pick = usize::try_from(rng.below(pending.len() as u64)).unwrap();
+            let last = pending.remove(pick);
+            if let Some(next) = algorithm::give_back(
+                &params,
+                state.as_ref(),
+                last.state.as_ref(),
+                last.at,
+                last.hits,
+            ) {
+                state = Some(next);
+            }
+            let one = [hit(last.hits)];
+            let call = Call {
+                mode: Mode::Refund { at: last.at },
+                hits: &one,
+                node: None,
+                now: None,
+                charge,
+                complete: false,
+                expected: &last.reported,
+            };
+            call.invoke(connection)
+                .await
+                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            tally.refunded += 1;
         } else {
-            tally.denied += 1;
+            let decided = algorithm::decide(&params, state.as_ref(), now, hits, charge);
+            let mut expected = decided.outcome;
+            let calls = [hit(hits), blocker.clone()];
+            let sent = if op == Op::Veto {
+                &calls[..]
+            } else {
+                &calls[..1]
+            };
+            let call = Call {
+                mode: Mode::Apply,
+                hits: sent,
+                node: None,
+                now: Some(now),
+                charge,
+                complete: true,
+                expected: &[],
+            };
+            let values: Vec<i64> = call
+                .invoke(connection)
+                .await
+                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            let reply = parse_reply(&values, sent.len()).unwrap();
+            if op == Op::Veto {
+                tally.vetoed += 1;
+                if expected.allowed {
+                    expected = algorithm::decide(&params, state.as_ref(), now, 0, charge).outcome;
+                }
+            } else if let Some(next) = decided.state {
+                state = Some(next);
+                if hits > 0 && expected.allowed {
+                    if pending.len() == 4 {
+                        pending.remove(0);
+                    }
+                    pending.push(Committed {
+                        at: now,
+                        hits,
+                        state: state.clone(),
+                        reported: reply.states.clone(),
+                    });
+                }
+            }
+            assert_eq!(reply.outcomes[0], expected, "{context}: Lua vs Rust");
+            if expected.allowed {
+                tally.allowed += 1;
+            } else {
+                tally.denied += 1;
+            }
         }
+        assert_eq!(
+            stored(connection, &key).await,
+            state.as_ref().map(numbers),
+            "{context}: stored state, Lua vs Rust"
+        );
     }
     tally
 }
@@ -136,10 +275,12 @@ async fn parity(name: &str, main: Params, variants: &[Params]) {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let tally = run_sequence(&mut connection, name, main, Charge::IfAllowed, 10_000, 7).await;
     assert!(
-        tally.allowed > 1_000 && tally.denied > 500,
-        "{name}: the sequence must exercise both outcomes: {} allowed, {} denied",
+        tally.allowed > 1_000 && tally.denied > 500 && tally.vetoed > 500 && tally.refunded > 500,
+        "{name}: the sequence must exercise both outcomes, vetoes and refunds: {} allowed, {} denied, {} vetoed, {} refunded",
         tally.allowed,
-        tally.denied
+        tally.denied,
+        tally.vetoed,
+        tally.refunded
     );
     run_sequence(&mut connection, name, main, Charge::Always, 2_000, 11).await;
     for (seed, params) in (13..).zip(variants) {

@@ -1,6 +1,7 @@
 //! tollgate: a rate-limit decision service that speaks Envoy's RLS v3
 //! (`envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`) and reads
-//! envoyproxy/ratelimit YAML configs.
+//! envoyproxy/ratelimit YAML configs. docs/design.md describes the architecture and the
+//! semantics; this is the map.
 //!
 //! # Request flow
 //!
@@ -11,25 +12,37 @@
 //!     ↓                    ↘ rules/matcher.rs: the reference's precedence, no backtracking
 //! storage/     CounterStore::apply(&[Hit]): all-or-nothing over a request's counters
 //!     ↓                    ↘ storage/keys.rs: injective, versioned, slot-safe counter keys
-//! algorithm/   pure functions (state, now, limit, hits) → (state, outcome)
+//! algorithm/   pure functions: decide (state, now, limit, hits) → (state, outcome), give_back
 //! ```
 //!
-//! # Stores
+//! # Modules, by layer (each imports only from its own layer or lower ones)
 //!
-//! - `storage/memory.rs`: in-process, sharded, calls the algorithm functions under its locks.
-//! - `storage/redis.rs`: Redis and Redis Cluster; `storage/script.rs` + `storage/lua/`: the
-//!   algorithms ported to one Lua script (parity-tested against the Rust functions), called
-//!   once per node group (`storage/slots.rs`: the cluster's slot map and the grouping);
-//!   `storage/guard.rs`: store timeout and circuit breaker;
-//!   `storage/deny_cache.rs`: local answers for counters known to be denied.
-//!
-//! # Layout
-//!
-//! - `cli`, `main.rs`: the command line; `server`: listeners, health probe, graceful shutdown;
-//!   `admin`: the HTTP endpoints; `health`: gRPC/HTTP readiness; `shutdown`: signals.
-//! - `config`: YAML files → `rules::RuleSet`, with `file:line: path: reason` errors.
-//! - `descriptor`: the request vocabulary and its input bounds; `limit`: units and limits.
-//! - `pb`: generated protobuf code; `clock`: time as a value; `bench`: the load generator.
+//! - `cli`: the command line (`serve`, `check`, `query`, `bench`, `health`); `main.rs` wires it.
+//! - `server`: listeners, health probe, reload task, graceful shutdown.
+//! - `admin` (`admin/json.rs`: the reference's `/json` form): the HTTP endpoints; `query`:
+//!   one-shot calls and health checks as a client; `bench` (`bench/codec.rs`: pre-encoded
+//!   calls): the load generator.
+//! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags.
+//! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
+//!   `admission`: load shedding; `health`: readiness; `reload`: watching the config.
+//! - `limiter`: the decision, free of transport types; `config`: YAML → rules
+//!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
+//!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
+//!   reason`).
+//! - `rules` (`rules/matcher.rs`: precedence): the compiled rules; `storage`: the
+//!   `CounterStore` trait and its vocabulary, with `storage/memory.rs` (in-process),
+//!   `storage/redis/` (Redis and Redis Cluster: `storage/redis/url.rs` where,
+//!   `storage/redis/connection.rs` how, `storage/redis/slots.rs` which node,
+//!   `storage/redis/script.rs` and its `lua/` what runs there), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
+//!   for known denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as
+//!   served).
+//! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per
+//!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
+//!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
+//!   units and limits; `descriptor`: the request vocabulary and its input bounds.
+//! - `clock`: time as a value; `pb`: generated protobuf code; `metrics`: every metric;
+//!   `telemetry`: logs and traces; `runtime`: the tokio runtimes; `shutdown`: signals; `tls`:
+//!   the gRPC listener's TLS.
 
 pub mod admin;
 pub mod admission;

@@ -24,6 +24,7 @@
 pub mod fixed_window;
 pub mod gcra;
 pub mod outcome;
+pub mod parameter;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
@@ -34,6 +35,7 @@ use std::str::FromStr;
 use crate::clock::Micros;
 pub use fixed_window::Anchor;
 pub use outcome::{Charge, MAX_COUNT, Outcome};
+pub use parameter::{Parameter, ParameterError, Parameters};
 
 /// How a limit is counted, with the parameters that only some algorithms have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,55 +58,6 @@ impl Default for Algorithm {
             anchor: Anchor::Epoch,
         }
     }
-}
-
-/// A parameter that some algorithms take, as a rule names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Parameter {
-    Anchor,
-    Burst,
-    MinInterval,
-}
-
-impl Parameter {
-    pub const ALL: [Parameter; 3] = [Parameter::Burst, Parameter::MinInterval, Parameter::Anchor];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Parameter::Anchor => "anchor",
-            Parameter::Burst => "burst",
-            Parameter::MinInterval => "min_interval",
-        }
-    }
-}
-
-/// The parameters a rule gave, before they are checked against its algorithm.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Parameters {
-    pub anchor: Option<Anchor>,
-    pub burst: Option<u64>,
-    pub min_interval: Option<Micros>,
-}
-
-impl Parameters {
-    fn is_given(&self, parameter: Parameter) -> bool {
-        match parameter {
-            Parameter::Anchor => self.anchor.is_some(),
-            Parameter::Burst => self.burst.is_some(),
-            Parameter::MinInterval => self.min_interval.is_some(),
-        }
-    }
-}
-
-/// Why an algorithm cannot count a limit as configured.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {reason}")]
-pub struct ParameterError {
-    /// The given parameter at fault; `None` when it is the limit as a whole.
-    pub parameter: Option<Parameter>,
-    /// The field the error names (`burst`, `requests_per_unit`, …).
-    pub field: &'static str,
-    pub reason: String,
 }
 
 /// How a counter takes back hits that a vetoed request consumed.
@@ -227,10 +180,10 @@ impl Algorithm {
                 }
             }
             Algorithm::TokenBucket { .. } => Algorithm::TokenBucket {
-                burst: burst(requests, given)?,
+                burst: given.burst_or(requests)?,
             },
             Algorithm::Gcra { .. } => Algorithm::Gcra {
-                burst: burst(requests, given)?,
+                burst: given.burst_or(requests)?,
             },
         };
         let params = Params {
@@ -263,19 +216,6 @@ impl Algorithm {
             Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => Some(burst),
             Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => None,
         }
-    }
-}
-
-/// `burst` defaults to `requests_per_unit`.
-fn burst(requests: u64, given: &Parameters) -> Result<u64, ParameterError> {
-    match given.burst {
-        None => Ok(requests),
-        Some(0) => Err(ParameterError {
-            parameter: Some(Parameter::Burst),
-            field: "burst",
-            reason: "must be at least 1 (write requests_per_unit: 0 to deny every request)".into(),
-        }),
-        Some(burst) => Ok(burst),
     }
 }
 

@@ -1,7 +1,7 @@
-//! Failure behaviour around a remote store (DESIGN §7): every call has a deadline, and a
-//! circuit breaker fails fast while the store is down instead of making every request wait
-//! for its timeout, letting one trial call through now and then to find it back. It also
-//! times the calls (`store_duration_seconds`): only remote stores are timed, since timing an
+//! Failure behaviour around a remote store (docs/design.md "Failure"): every call has a
+//! deadline, and a circuit breaker fails fast while the store is down instead of making every
+//! request wait for its timeout, letting one trial call through now and then to find it back.
+//! It also times the calls (`store_duration_seconds`): only remote stores are timed, since timing an
 //! in-process call would cost about as much as the call.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -129,7 +129,7 @@ mod tests {
         async fn apply(&self, _hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
             if self.failing.load(Ordering::Relaxed) {
-                return Err(StoreError::Unavailable("down".into()));
+                return Err(StoreError::unavailable("down"));
             }
             Ok(Vec::new())
         }

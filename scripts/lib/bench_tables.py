@@ -5,7 +5,8 @@ import json
 import statistics
 import sys
 
-SERVERS = ["null", "memory", "redis", "cluster", "null-pc", "memory-pc", "redis-pc", "fresh"]
+SERVERS = ["null", "memory", "redis", "cluster", "null-pc", "memory-pc", "redis-pc",
+           "memory-base", "redis-base", "cluster-base", "fresh"]
 
 
 def load(path):
@@ -75,6 +76,13 @@ def ratios(table, reports):
         redis_cpu = get(scenario, "redis-pc", "cpu")
         if redis_cpu and mem_cpu_pc:
             print(f"- {scenario}, per-core: redis/memory CPU per request {redis_cpu / mem_cpu_pc:.3f}")
+    for scenario in (one, ten):
+        for server in ("memory", "redis", "cluster"):
+            cpu, base_cpu = get(scenario, server, "cpu"), get(scenario, f"{server}-base", "cpu")
+            rate, base_rate = get(scenario, server, "rate"), get(scenario, f"{server}-base", "rate")
+            if cpu and base_cpu:
+                print(f"- {scenario}, {server}: this build / BASELINE: CPU per request "
+                      f"{cpu / base_cpu:.3f}, throughput {rate / base_rate:.3f}")
     p50_one = get(one, "cluster", "p50")
     p50_ten = get(ten, "cluster", "p50")
     if p50_one and p50_ten:

@@ -156,7 +156,11 @@ impl Algorithm {
             return Err(ParameterError {
                 parameter: Some(foreign),
                 field: foreign.name(),
-                reason: format!("only applies to {}, not {}", owners.join(" and "), self),
+                reason: format!(
+                    "only applies to {}, not {}",
+                    owners.join(" and "),
+                    self.name()
+                ),
             });
         }
         let configured = match self {

@@ -118,7 +118,7 @@ end
 
 -- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
 -- retry_after µs (as algorithm::decide).
-local function decide(i, state, at, hits)
+local function decide_hit(i, state, at, hits)
   local tick = ticks[i]
   local window = math.max(idiv(windows[i], tick), 1)
   local new_state, allowed, remaining, reset_after, retry_after =
@@ -189,7 +189,7 @@ if mode == 'refund' then
   end
   -- Refunded hits report a check on their counter as it now is.
   for i = 1, count do
-    local _, allowed, remaining, reset_after, retry_after = decide(i, final[keys[i]], now, 0)
+    local _, allowed, remaining, reset_after, retry_after = decide_hit(i, final[keys[i]], now, 0)
     record(i, allowed, remaining, reset_after, retry_after)
   end
   return finish(final)
@@ -207,7 +207,7 @@ for i = 1, count do
       stored[key] = state
     end
   end
-  local new_state, ok, remaining, reset_after, retry_after = decide(i, state, now, amounts[i])
+  local new_state, ok, remaining, reset_after, retry_after = decide_hit(i, state, now, amounts[i])
   allowed[i] = ok
   record(i, ok, remaining, reset_after, retry_after)
   if new_state then
@@ -249,7 +249,7 @@ if vetoed then
   -- Nothing consumed: allowed hits report a check on their unchanged counters.
   for i = 1, count do
     if allowed[i] then
-      local _, ok, remaining, reset_after, retry_after = decide(i, stored[keys[i]], now, 0)
+      local _, ok, remaining, reset_after, retry_after = decide_hit(i, stored[keys[i]], now, 0)
       record(i, ok, remaining, reset_after, retry_after)
     end
   end

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::algorithm::Charge;
 pub use crate::bench::BenchArgs;
+use crate::client::ClientArgs;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
 use crate::reload::ReloadOptions;
@@ -64,9 +65,8 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct HealthArgs {
-    /// Server address.
-    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
-    pub addr: String,
+    #[command(flatten)]
+    pub server: ClientArgs,
 
     /// gRPC health service name.
     #[arg(long, default_value = "ratelimit")]
@@ -180,9 +180,8 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct QueryArgs {
-    /// Server address, e.g. `http://127.0.0.1:8081`.
-    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
-    pub addr: String,
+    #[command(flatten)]
+    pub server: ClientArgs,
 
     /// Rate-limit domain.
     #[arg(long, env = "TOLLGATE_DOMAIN")]
@@ -307,6 +306,13 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_subcommand_is_well_formed() {
+        // Clashing names or groups panic here rather than when a user runs the command.
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
 
     #[test]
     fn serve_defaults_match_the_reference_ports() {

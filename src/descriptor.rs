@@ -119,7 +119,7 @@ pub enum RequestError {
     #[error("{field}: {hits} is over the limit of {max}")]
     HitsTooLarge { field: String, hits: u64, max: u64 },
     #[error(
-        "descriptors[{descriptor}].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got {unit}"
+        "descriptors[{descriptor}].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR, got {unit}"
     )]
     BadOverrideUnit { descriptor: usize, unit: i32 },
 }
@@ -263,6 +263,7 @@ fn override_limit(
         Ok(PbUnit::Minute) => Unit::Minute,
         Ok(PbUnit::Hour) => Unit::Hour,
         Ok(PbUnit::Day) => Unit::Day,
+        Ok(PbUnit::Week) => Unit::Week,
         Ok(PbUnit::Month) => Unit::Month,
         Ok(PbUnit::Year) => Unit::Year,
         Ok(PbUnit::Unknown) | Err(_) => {
@@ -367,7 +368,7 @@ mod tests {
             Request::from_pb(request(0, vec![bad]), &InputLimits::default())
                 .unwrap_err()
                 .to_string(),
-            "descriptors[0].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got 0"
+            "descriptors[0].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR, got 0"
         );
         let mut good = descriptor(None);
         good.limit = Some(RateLimitOverride {
@@ -379,5 +380,17 @@ mod tests {
             parsed.descriptors[0].limit_override,
             Some(Limit::new(5, Unit::Day))
         );
+    }
+
+    #[test]
+    fn override_in_weeks_is_a_week_long_limit() {
+        let mut weekly = descriptor(None);
+        weekly.limit = Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: 7,
+        });
+        let parsed = Request::from_pb(request(0, vec![weekly]), &InputLimits::default()).unwrap();
+        let limit = parsed.descriptors[0].limit_override.clone().unwrap();
+        assert_eq!((limit.unit, limit.window_seconds()), (Unit::Week, 604_800));
     }
 }

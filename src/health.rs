@@ -1,11 +1,17 @@
-//! Health that tells the truth: SERVING only while the store answers `ping` and the process is
-//! not shutting down. One state drives both the gRPC health service (for the names Envoy and
-//! Kubernetes probe) and the HTTP `/healthcheck` and `/readyz` endpoints.
+//! Health that tells the truth. Ready means "can answer as configured": while not shutting
+//! down, and, when a failing store makes requests fail (`--on-store-error unavailable`), while
+//! the store answers `ping`. With `allow` or `deny` a store outage still gets the configured
+//! answer, so readiness stays (taking every replica out of service at once would bypass that
+//! answer), and the store's own state is reported beside it: the `tollgate_store_up` gauge,
+//! the `/readyz` body and a log line at each change. One state drives both the gRPC health
+//! service (for the names Envoy and Kubernetes probe) and the HTTP `/healthcheck` and
+//! `/readyz` endpoints.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -24,33 +30,55 @@ pub struct Health {
     reporter: HealthReporter,
     store_ok: Arc<AtomicBool>,
     shutting_down: Arc<AtomicBool>,
+    /// Whether a store outage makes requests fail, hence the server unready.
+    store_gates_readiness: bool,
+    /// `tollgate_store_up`.
+    store_up: Gauge,
 }
 
 impl Health {
-    /// Starts NOT_SERVING until the store has answered.
-    pub async fn new(reporter: HealthReporter) -> Self {
+    /// Until the store has answered, NOT_SERVING if `store_gates_readiness`, else SERVING.
+    pub async fn new(
+        reporter: HealthReporter,
+        store_gates_readiness: bool,
+        store_up: Gauge,
+    ) -> Self {
         let health = Self {
             reporter,
             store_ok: Arc::new(AtomicBool::new(false)),
             shutting_down: Arc::new(AtomicBool::new(false)),
+            store_gates_readiness,
+            store_up,
         };
         health.publish().await;
         health
     }
 
     pub fn is_ready(&self) -> bool {
-        self.store_ok.load(Ordering::SeqCst) && !self.shutting_down.load(Ordering::SeqCst)
+        (self.is_store_ok() || !self.store_gates_readiness)
+            && !self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Whether the store answered the latest probe.
+    pub fn is_store_ok(&self) -> bool {
+        self.store_ok.load(Ordering::SeqCst)
     }
 
     pub async fn set_store_ok(&self, ok: bool) {
-        if self.store_ok.swap(ok, Ordering::SeqCst) != ok {
-            if ok {
-                tracing::info!("store answers; serving");
-            } else {
-                tracing::warn!("store does not answer; not serving");
-            }
-            self.publish().await;
+        let changed = self.store_ok.swap(ok, Ordering::SeqCst) != ok;
+        // After the state it reports: whoever reads the gauge finds readiness in step.
+        self.store_up.set(i64::from(ok));
+        if !changed {
+            return;
         }
+        match (ok, self.store_gates_readiness) {
+            (true, _) => tracing::info!("store answers; serving"),
+            (false, true) => tracing::warn!("store does not answer; not ready"),
+            (false, false) => {
+                tracing::warn!("store does not answer; still ready, answering by --on-store-error")
+            }
+        }
+        self.publish().await;
     }
 
     /// Flips to NOT_SERVING for good, so load balancers stop sending before the drain.

@@ -40,7 +40,7 @@
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.
-//! - `clock`: time as a value; `pb`: generated protobuf code; `metrics`: every metric;
+//! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a value; `pb`: generated protobuf code; `metrics`: every metric;
 //!   `telemetry`: logs and traces; `runtime`: the tokio runtimes; `shutdown`: signals; `tls`:
 //!   the gRPC listener's TLS.
 
@@ -49,6 +49,7 @@ pub mod admission;
 pub mod algorithm;
 pub mod bench;
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod descriptor;

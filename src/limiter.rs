@@ -290,8 +290,12 @@ fn detailed_path(domain: &str, found: &Match<'_>, descriptor: &Descriptor) -> Op
         path.push('.');
         if (detailed || node.value_to_metric) && !node.share_threshold {
             path.push_str(&entry.key);
-            path.push('_');
-            path.push_str(&entry.value);
+            // The reference leaves an empty value out, separator included, unless the rule
+            // has `detailed_metric`.
+            if detailed || !entry.value.is_empty() {
+                path.push('_');
+                path.push_str(&entry.value);
+            }
         } else {
             path.push_str(&node.stats_segment());
         }

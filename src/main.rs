@@ -66,7 +66,7 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         descriptors,
         hits_addend: args.hits,
     };
-    let response = query::call(args.addr, request.clone()).await?;
+    let response = query::call(&args.server, request.clone()).await?;
     print!("{}", query::render(&request, &response));
     Ok(ExitCode::SUCCESS)
 }
@@ -82,7 +82,7 @@ async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
-    Ok(match query::serving(args.addr, args.service).await {
+    Ok(match query::serving(&args.server, args.service).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("not serving");

@@ -116,6 +116,7 @@ pub struct Metrics {
     pub store_errors: Family<Labels, Counter>,
     pub config_reloads: Family<Labels, Counter>,
     pub deny_cache_hits: Counter,
+    pub store_up: Gauge,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
     pub tokio_tasks: Gauge,
@@ -184,6 +185,7 @@ impl Metrics {
             store_errors: Family::default(),
             config_reloads: Family::default(),
             deny_cache_hits: Counter::default(),
+            store_up: Gauge::default(),
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
             tokio_tasks: Gauge::default(),
@@ -258,6 +260,11 @@ impl Metrics {
             "config_reloads",
             "Config reloads by result (success, error)",
             self.config_reloads.clone(),
+        );
+        r.register(
+            "store_up",
+            "1 while the store answers the health probe, else 0",
+            self.store_up.clone(),
         );
         r.register(
             "deny_cache_hits",

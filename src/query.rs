@@ -2,17 +2,23 @@
 
 use std::fmt::Write as _;
 
+use std::time::Duration;
+
+use crate::client::{ClientArgs, ClientError};
 use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
     #[error("--descriptor {0:?}: expected key=value[,key=value...]")]
     BadDescriptor(String),
-    #[error("cannot connect: {0}")]
-    Connect(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Connect(#[from] ClientError),
     #[error("call failed: {}: {}", .0.code(), .0.message())]
     Call(#[from] tonic::Status),
 }
+
+/// How long a one-shot command waits to connect, and for its answer.
+const TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Parses `key=value[,key=value...]` into a descriptor.
 pub fn parse_descriptor(text: &str) -> Result<pb::RateLimitDescriptor, QueryError> {
@@ -35,10 +41,10 @@ pub fn parse_descriptor(text: &str) -> Result<pb::RateLimitDescriptor, QueryErro
 
 /// Sends the request and returns the response.
 pub async fn call(
-    addr: String,
+    server: &ClientArgs,
     request: pb::RateLimitRequest,
 ) -> Result<pb::RateLimitResponse, QueryError> {
-    let mut client = pb::RateLimitServiceClient::connect(addr).await?;
+    let mut client = pb::RateLimitServiceClient::new(server.connect(TIMEOUT).await?);
     Ok(client.should_rate_limit(request).await?.into_inner())
 }
 
@@ -82,17 +88,13 @@ fn code(code: i32) -> &'static str {
     rls::Code::try_from(code).map_or("UNKNOWN", |code| code.as_str_name())
 }
 
-/// `tollgate health`: whether the server at `addr` reports SERVING for `service` on gRPC
-/// health, for container health checks (the runtime image has no shell or curl).
-pub async fn serving(addr: String, service: String) -> Result<bool, QueryError> {
+/// `tollgate health`: whether the server reports SERVING for `service` on gRPC health, for
+/// container health checks (the runtime image has no shell or curl).
+pub async fn serving(server: &ClientArgs, service: String) -> Result<bool, QueryError> {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
-    let channel = tonic::transport::Endpoint::from_shared(addr)?
-        .connect_timeout(std::time::Duration::from_secs(2))
-        .timeout(std::time::Duration::from_secs(2))
-        .connect()
-        .await?;
+    let channel = server.connect(Duration::from_secs(2)).await?;
     let status = HealthClient::new(channel)
         .check(HealthCheckRequest { service })
         .await?

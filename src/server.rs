@@ -22,7 +22,7 @@ use crate::pb::RateLimitServiceServer;
 use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
 use crate::runtime::{self, Flavor, wait_for};
-use crate::service::{RlsService, ServiceOptions};
+use crate::service::{OnStoreError, RlsService, ServiceOptions};
 use crate::storage::CounterStore;
 use crate::tls::{TlsFiles, TlsIncoming};
 
@@ -76,12 +76,40 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> std::io::Result<Self> {
+    /// Binds both; an address already in use, or not this host's, names its flag.
+    pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> Result<Self, BindError> {
         Ok(Self {
-            grpc: TcpListener::bind(grpc).await?,
-            http: TcpListener::bind(http).await?,
+            grpc: listen("--grpc-addr", grpc).await?,
+            http: listen("--http-addr", http).await?,
         })
     }
+}
+
+async fn listen(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
+    TcpListener::bind(addr).await.map_err(|error| BindError {
+        flag,
+        addr,
+        hint: match error.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "; another process listens there: stop it or choose another port"
+            }
+            std::io::ErrorKind::AddrNotAvailable => "; the address is not one of this host's",
+            std::io::ErrorKind::PermissionDenied => "; ports below 1024 need privileges",
+            _ => "",
+        },
+        error,
+    })
+}
+
+/// A listener that could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {addr}: cannot listen: {error}{hint}")]
+pub struct BindError {
+    pub flag: &'static str,
+    pub addr: SocketAddr,
+    hint: &'static str,
+    // In the message, not a `source`: the one line says it all.
+    error: std::io::Error,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,21 +124,31 @@ pub enum ServerError {
     Tls(#[from] crate::tls::TlsError),
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),
+    #[error("grpc reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
     #[error("--runtime per-core does not serve TLS yet; use --runtime multi-thread")]
     PerCoreTls,
 }
 
-/// The gRPC routes: RLS v3 and gRPC health.
+/// The gRPC routes: RLS v3, gRPC health, and server reflection (so that `grpcurl list` and
+/// `grpcurl describe` work without the proto files).
 pub fn grpc_router(
     service: RlsService,
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
     max_request_bytes: usize,
-) -> Router {
-    grpc_server().add_service(health_service).add_service(
-        RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-    )
+) -> Result<Router, ServerError> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    Ok(grpc_server()
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
+        ))
 }
 
 /// The gRPC server with tollgate's transport settings; shared with the null-handler server
@@ -161,7 +199,9 @@ pub async fn run(
         Arc::clone(&options.metrics),
     );
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let health = Health::new(reporter).await;
+    let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
+    let store_up = options.metrics.store_up.clone();
+    let health = Health::new(reporter, store_gates_readiness, store_up).await;
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
         store,
@@ -170,7 +210,7 @@ pub async fn run(
 
     let (stop, stopped) = watch::channel(false);
     let max_request_bytes = options.service.input_limits.max_request_bytes;
-    let router = grpc_router(service.clone(), health_service, max_request_bytes);
+    let router = grpc_router(service.clone(), health_service, max_request_bytes)?;
     let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
     let admin = crate::admin::router(
         service,

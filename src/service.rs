@@ -25,14 +25,28 @@ pub enum OnStoreError {
     /// gRPC UNAVAILABLE: Envoy's `failure_mode_deny` decides.
     #[default]
     Unavailable,
-    /// OK for every descriptor, marked with the `x-tollgate-store-error` header.
+    /// OK for every descriptor, marked with the `x-tollgate-store-error` header
+    /// (`--store-error-header`).
     Allow,
     /// OVER_LIMIT for every descriptor, marked likewise.
     Deny,
 }
 
-/// The response header that marks an answer given without the store.
+/// The header that marks an answer given without the store.
 pub const STORE_ERROR_HEADER: &str = "x-tollgate-store-error";
+
+/// Where Envoy puts the `x-tollgate-store-error` marker (`--store-error-header`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreErrorHeader {
+    /// On the request Envoy forwards upstream (`request_headers_to_add`): the service behind
+    /// Envoy sees it, the end user does not.
+    #[default]
+    Upstream,
+    /// On the response to the client (`response_headers_to_add`), end users included.
+    Response,
+    /// Nowhere (the `tollgate_store_errors_total` metric still counts).
+    Off,
+}
 
 /// How the service answers. Each field is a flag of `tollgate serve` (the struct is flattened
 /// into its arguments), so a new response option is one field here and its use below.
@@ -51,6 +65,12 @@ pub struct ServiceOptions {
     /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off)]
     pub response_headers: HeaderMode,
+
+    /// Where the `x-tollgate-store-error` header marking an answer given without the store
+    /// goes: `upstream` (to the service behind Envoy only), `response` (to the client too) or
+    /// `off`.
+    #[arg(long, env = "TOLLGATE_STORE_ERROR_HEADER", value_enum, default_value_t = StoreErrorHeader::Upstream)]
+    pub store_error_header: StoreErrorHeader,
 
     /// Add dynamic metadata to responses (domain, descriptors, hits_addend and the matched
     /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
@@ -71,6 +91,7 @@ impl ServiceOptions {
     pub const DEFAULT: ServiceOptions = ServiceOptions {
         input_limits: InputLimits::DEFAULT,
         on_store_error: OnStoreError::Unavailable,
+        store_error_header: StoreErrorHeader::Upstream,
         response_headers: HeaderMode::Off,
         dynamic_metadata: false,
         max_in_flight: 4_096,
@@ -159,7 +180,7 @@ impl RlsService {
         };
         let policy = self.options.on_store_error;
         tracing::warn!(%error, ?policy, "store call failed; answering by policy");
-        Ok(pb::RateLimitResponse {
+        let mut response = pb::RateLimitResponse {
             overall_code: code as i32,
             statuses: (0..descriptors)
                 .map(|_| rls::DescriptorStatus {
@@ -167,13 +188,19 @@ impl RlsService {
                     ..Default::default()
                 })
                 .collect(),
-            response_headers_to_add: vec![pb::HeaderValue {
-                key: STORE_ERROR_HEADER.into(),
-                value: format!("{policy:?}").to_lowercase(),
-                ..Default::default()
-            }],
             ..Default::default()
-        })
+        };
+        let marker = pb::HeaderValue {
+            key: STORE_ERROR_HEADER.into(),
+            value: format!("{policy:?}").to_lowercase(),
+            ..Default::default()
+        };
+        match self.options.store_error_header {
+            StoreErrorHeader::Upstream => response.request_headers_to_add.push(marker),
+            StoreErrorHeader::Response => response.response_headers_to_add.push(marker),
+            StoreErrorHeader::Off => {}
+        }
+        Ok(response)
     }
 }
 
@@ -354,11 +381,15 @@ mod tests {
     }
 
     fn service(store: Arc<dyn CounterStore>) -> RlsService {
+        service_with(store, ServiceOptions::default())
+    }
+
+    fn service_with(store: Arc<dyn CounterStore>, options: ServiceOptions) -> RlsService {
         let rules = crate::config::file::parse(Path::new("d.yaml"), RULES).unwrap();
         let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
         RlsService::new(
             Arc::new(RateLimiter::new(rules, store, Modes::default())),
-            ServiceOptions::default(),
+            options,
             Arc::new(Metrics::default()),
         )
     }
@@ -404,6 +435,36 @@ mod tests {
                 .map(|l| (l.requests_per_unit, l.unit)),
             Some((2, 2))
         );
+    }
+
+    #[tokio::test]
+    async fn the_store_error_marker_goes_upstream_unless_asked_for_on_the_response() {
+        let marked = |place: StoreErrorHeader| async move {
+            let options = ServiceOptions {
+                on_store_error: OnStoreError::Allow,
+                store_error_header: place,
+                ..ServiceOptions::default()
+            };
+            let svc = service_with(Arc::new(DownStore), options);
+            let response = svc.answer(request("v"), None).await.unwrap();
+            let names = |headers: &[pb::HeaderValue]| -> Vec<String> {
+                headers
+                    .iter()
+                    .map(|h| format!("{}: {}", h.key, h.value))
+                    .collect()
+            };
+            (
+                names(&response.request_headers_to_add),
+                names(&response.response_headers_to_add),
+            )
+        };
+        let marker = vec![format!("{STORE_ERROR_HEADER}: allow")];
+        assert_eq!(
+            marked(StoreErrorHeader::Upstream).await,
+            (marker.clone(), vec![])
+        );
+        assert_eq!(marked(StoreErrorHeader::Response).await, (vec![], marker));
+        assert_eq!(marked(StoreErrorHeader::Off).await, (vec![], vec![]));
     }
 
     #[tokio::test]

@@ -160,6 +160,52 @@ fn serve_refuses_to_start_with_unreadable_tls_files() {
 }
 
 #[test]
+fn a_port_in_use_is_named_with_its_flag_and_what_to_do() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let output = run(&[
+        "serve",
+        "--config",
+        "examples/config",
+        "--grpc-addr",
+        &format!("127.0.0.1:{port}"),
+        "--http-addr",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--grpc-addr 127.0.0.1:{port}: cannot listen: Address already in use (os error 98); another process listens there: stop it or choose another port"
+        )),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn query_takes_an_address_without_a_scheme() {
+    // Nothing listens there: the error is about connecting, not about the address's form.
+    let port = free_port();
+    let output = run(&[
+        "query",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+        "--domain",
+        "d",
+        "--descriptor",
+        "k=v",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot connect to http://127.0.0.1:{port}: transport error: "
+        )) && stderr.contains("Connection refused"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn log_format_json_writes_one_json_object_per_line() {
     use std::io::BufRead;
     let mut child = tollgate_bin()

@@ -94,3 +94,35 @@ fn dot_entries_such_as_configmap_data_dirs_are_skipped_and_symlinks_followed() {
     let names: Vec<&str> = rules.domains().iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["api"]);
 }
+
+#[test]
+fn a_bare_descriptors_key_is_an_empty_list_at_the_top_and_nested() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("empty.yaml"),
+        "domain: empty\ndescriptors:\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("nested.yaml"),
+        "domain: nested\ndescriptors:\n  - key: a\n    descriptors:\n",
+    )
+    .unwrap();
+    let rules = tollgate::config::load_dir(dir.path()).unwrap();
+    let names: Vec<&str> = rules.domains().iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["empty", "nested"]);
+
+    // The reference's own "duplicate domain" fixture: the intended error, not a YAML one.
+    std::fs::write(
+        dir.path().join("again.yaml"),
+        "domain: empty\ndescriptors:\n",
+    )
+    .unwrap();
+    let errors = tollgate::config::load_dir(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        errors.contains("domain \"empty\": duplicate domain, already defined in"),
+        "{errors}"
+    );
+}

@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use prost::Message as _;
 use tollgate::algorithm::Charge;
 use tollgate::clock::MICROS_PER_SECOND;
 use tollgate::pb::rate_limit_descriptor::RateLimitOverride;
@@ -197,7 +198,7 @@ async fn overrides_apply_when_the_domain_exists(store: StoreKind) {
     assert_eq!(error.code(), Code::InvalidArgument);
     assert_eq!(
         error.message(),
-        "descriptors[0].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|MONTH|YEAR, got 0"
+        "descriptors[0].limit.unit: must be one of SECOND|MINUTE|HOUR|DAY|WEEK|MONTH|YEAR, got 0"
     );
 }
 
@@ -523,3 +524,58 @@ contract!(
     separators_in_keys_and_values_never_share_a_counter,
     two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty,
 );
+
+#[tokio::test]
+async fn reflection_lists_and_describes_the_services_as_grpcurl_asks() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let server = start(&[("d.yaml", "domain: d\n")]).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel);
+    let ask = |request: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(request),
+    };
+    let asks = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".into(),
+        )),
+    ];
+    let mut answers = client
+        .server_reflection_info(futures_util::stream::iter(asks))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected the list of services");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "envoy.service.ratelimit.v3.RateLimitService",
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+        ]
+    );
+    let Some(MessageResponse::FileDescriptorResponse(files)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected the file that defines the service");
+    };
+    let file = prost_types::FileDescriptorProto::decode(&*files.file_descriptor_proto[0]).unwrap();
+    assert_eq!(file.name(), "envoy/service/ratelimit/v3/rls.proto");
+    assert_eq!(file.service[0].method[0].name(), "ShouldRateLimit");
+}

@@ -119,3 +119,31 @@ async fn counters_are_exact_and_client_values_never_grow_the_label_sets_unbounde
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn value_to_metric_leaves_out_an_empty_value_with_its_separator() {
+    const ROUTES: &str = r#"
+domain: m
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: http_method
+        value_to_metric: true
+        descriptors:
+          - key: subject_id
+            rate_limit: {unit: minute, requests_per_unit: 60}
+"#;
+    let server = start(&[("m.yaml", ROUTES)]).await;
+    let entries = [("route", ""), ("http_method", "GET"), ("subject_id", "123")];
+    server.ok(request("m", &[&entries])).await;
+    let text = server.http("GET", "/metrics", "").await.1;
+    assert_eq!(
+        sample(
+            &text,
+            "tollgate_total_hits_total",
+            "m.route.http_method_GET.subject_id"
+        ),
+        1
+    );
+}

@@ -70,8 +70,9 @@ async fn readiness_becomes(server: &TestServer, expected: u16, within: Duration)
     }
 }
 
-/// Stops Redis, then checks 30 calls answer within the timeout (+20 ms) as `check` says,
-/// and that readiness turns NOT_SERVING.
+/// Stops Redis, then checks 30 calls answer within the timeout (+20 ms) as `check` says, and
+/// readiness: NOT_SERVING when a store failure fails requests, still ready when it gets the
+/// configured `allow` or `deny` (the store reported down beside it).
 async fn stopped_redis(
     on_store_error: OnStoreError,
     check: impl Fn(Result<tollgate::pb::RateLimitResponse, tonic::Status>),
@@ -93,7 +94,28 @@ async fn stopped_redis(
         );
         check(answer);
     }
-    readiness_becomes(&server, 500, Duration::from_secs(10)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .http("GET", "/metrics", "")
+        .await
+        .1
+        .contains("\ntollgate_store_up 0\n")
+    {
+        assert!(Instant::now() < deadline, "the store never reported down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if on_store_error == OnStoreError::Unavailable {
+        assert_eq!(
+            server.http("GET", "/readyz", "").await,
+            (500, "NOT OK\nstore: down\n".to_owned())
+        );
+    } else {
+        assert_eq!(
+            server.http("GET", "/readyz", "").await,
+            (200, "OK\nstore: down\n".to_owned())
+        );
+        assert_eq!(server.http("GET", "/healthcheck", "").await.0, 200);
+    }
     // The failures are in the metrics: refused connections, then the open breaker.
     let metrics = server.http("GET", "/metrics", "").await.1;
     assert!(
@@ -140,7 +162,9 @@ async fn stopped_redis_with_allow_answers_ok_marked_in_a_header() {
         assert_eq!(response.overall_code, OK);
         assert_eq!(response.statuses.len(), 1);
         assert_eq!(response.statuses[0].code, OK);
-        let header = &response.response_headers_to_add[0];
+        // For the service behind Envoy, not for the end user.
+        assert!(response.response_headers_to_add.is_empty());
+        let header = &response.request_headers_to_add[0];
         assert_eq!(
             (header.key.as_str(), header.value.as_str()),
             (STORE_ERROR_HEADER, "allow")
@@ -155,7 +179,8 @@ async fn stopped_redis_with_deny_answers_over_limit_marked_in_a_header() {
         let response = answer.unwrap();
         assert_eq!(response.overall_code, OVER);
         assert_eq!(response.statuses[0].code, OVER);
-        assert_eq!(response.response_headers_to_add[0].value, "deny");
+        assert!(response.response_headers_to_add.is_empty());
+        assert_eq!(response.request_headers_to_add[0].value, "deny");
     })
     .await;
 }

@@ -174,3 +174,84 @@ fn the_per_core_runtime_refuses_tls_with_a_clear_error() {
         "{stderr}"
     );
 }
+
+/// Runs the `tollgate` binary off the runtime (the server under test runs on it).
+async fn tollgate(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || tollgate_bin().args(&args).output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_and_health_reach_a_mutual_tls_server_with_a_private_ca() {
+    let certs = tempfile::tempdir().unwrap();
+    let server_ca = ca("server ca");
+    let client_ca = ca("client ca");
+    write_server_cert(certs.path(), &server_ca);
+    let dir = certs.path();
+    std::fs::write(dir.join("client-ca.crt"), &client_ca.pem).unwrap();
+    std::fs::write(dir.join("server-ca.crt"), &server_ca.pem).unwrap();
+    let (cert, key) = leaf(&client_ca, &["client"]);
+    std::fs::write(dir.join("client.crt"), cert).unwrap();
+    std::fs::write(dir.join("client.key"), key).unwrap();
+    let server = start_with(
+        &[("t.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                tls: Some(TlsFiles {
+                    cert: dir.join("server.crt"),
+                    key: dir.join("server.key"),
+                    client_ca: Some(dir.join("client-ca.crt")),
+                }),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    let path = |name: &str| dir.join(name).display().to_string();
+    // No scheme: https, because a CA is given; the certificate names localhost.
+    let tls = |command: &str| -> Vec<String> {
+        vec![
+            command.to_owned(),
+            "--addr".into(),
+            format!("localhost:{}", server.grpc.port()),
+            "--ca-file".into(),
+            path("server-ca.crt"),
+            "--cert-file".into(),
+            path("client.crt"),
+            "--key-file".into(),
+            path("client.key"),
+        ]
+    };
+
+    let mut query = tls("query");
+    query.extend(["--domain", "t", "--descriptor", "k=cli"].map(String::from));
+    let output = tollgate(query).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        stdout,
+        "k=cli: OK limit=5/MINUTE remaining=4 reset=58s\noverall: OK\n"
+    );
+
+    let output = tollgate(tls("health")).await;
+    assert!(output.status.success(), "{output:?}");
+
+    // Without the private CA the server is not trusted, and the error says why.
+    let untrusted = vec![
+        "health".to_owned(),
+        "--addr".into(),
+        format!("https://localhost:{}", server.grpc.port()),
+    ];
+    let output = tollgate(untrusted).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains(&format!(
+            "cannot connect to https://localhost:{}: transport error",
+            server.grpc.port()
+        )) && stderr.contains("certificate"),
+        "{stderr}"
+    );
+}

@@ -213,6 +213,14 @@ mod tests {
     }
 
     #[test]
+    fn a_week_is_a_unit_by_name() {
+        let weekly =
+            decode_request(br#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}],"limit":{"requestsPerUnit":5,"unit":"WEEK"}}]}"#)
+                .unwrap();
+        assert_eq!(weekly.descriptors[0].limit.as_ref().unwrap().unit, 7);
+    }
+
+    #[test]
     fn rejects_unknown_fields_and_bad_json() {
         assert!(decode_request(br#"{"domain":"d","bogus":1}"#).is_err());
         assert!(decode_request(b"").is_err());

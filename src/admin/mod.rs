@@ -1,6 +1,6 @@
 //! The HTTP admin listener (port 8080 by default), with the reference's endpoints:
 //! `/healthcheck` (200 `OK` when ready, else 500), `/healthz` (liveness: 200 while the process
-//! runs), `/readyz` (as `/healthcheck`), `POST /json` (a `RateLimitRequest` as protojson; 200
+//! runs), `/readyz` (as `/healthcheck`, plus the store's state), `POST /json` (a `RateLimitRequest` as protojson; 200
 //! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable) and `GET /config` (the
 //! active rules, one line per limit).
 
@@ -45,7 +45,7 @@ pub fn router(
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthcheck", get(readiness))
-        .route("/readyz", get(readiness))
+        .route("/readyz", get(readiness_with_store))
         .route("/healthz", get(|| async { "OK" }))
         .route("/json", post(decide_json))
         .route("/config", get(config))
@@ -75,6 +75,18 @@ async fn readiness(State(admin): State<Admin>) -> (StatusCode, &'static str) {
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, "NOT OK")
     }
+}
+
+/// As `/healthcheck`, then the store's own state on a second line (`store: up` or `store:
+/// down`), which with `--on-store-error allow|deny` can be down while the server is ready.
+async fn readiness_with_store(State(admin): State<Admin>) -> (StatusCode, String) {
+    let (status, text) = readiness(State(admin.clone())).await;
+    let store = if admin.health.is_store_ok() {
+        "up"
+    } else {
+        "down"
+    };
+    (status, format!("{text}\nstore: {store}\n"))
 }
 
 async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {

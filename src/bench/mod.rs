@@ -16,20 +16,20 @@ use hdrhistogram::Histogram;
 use prost::bytes::Bytes;
 use serde::Serialize;
 use tonic::client::Grpc;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 mod codec;
 
 use codec::{call, encoded};
 
+use crate::client::ClientArgs;
 use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 
 /// `tollgate bench`: what to send, how hard, and for how long.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Server address, e.g. `http://127.0.0.1:8081`.
-    #[arg(long, env = "TOLLGATE_ADDR", default_value = "http://127.0.0.1:8081")]
-    pub addr: String,
+    #[command(flatten)]
+    pub server: ClientArgs,
 
     /// Rate-limit domain of every request.
     #[arg(long, default_value = "bench")]
@@ -201,10 +201,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let requests = Arc::new(encoded(&requests(args)));
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
-        let channel = Endpoint::from_shared(args.addr.clone())?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
+        let channel = args.server.endpoint()?.tcp_nodelay(true).connect().await?;
         channels.push(channel);
     }
     let measure_from = Instant::now() + args.warmup;

@@ -13,7 +13,7 @@ use super::error::ConfigError;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawFile {
     pub(super) domain: Option<Spanned<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
 }
 
@@ -35,7 +35,7 @@ pub(super) struct RawDescriptor {
     pub(super) value_to_metric: bool,
     pub(super) share_threshold: Option<Spanned<bool>>,
     pub(super) metadata: Option<Spanned<serde_json::Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub(super) descriptors: Vec<Spanned<RawDescriptor>>,
 }
 
@@ -61,6 +61,16 @@ pub(super) struct RawRateLimit {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawReplace {
     pub(super) name: String,
+}
+
+/// A bare `descriptors:` (YAML null) is an empty list, as the reference reads it (its own
+/// fixtures for an empty domain write it so).
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// Runs serde over the YAML, keeping the path of a failure.

@@ -259,9 +259,11 @@ impl TestServer {
     }
 
     /// Waits until /readyz says ready (the store probe runs right after start).
+    /// Until ready with its store answering (with `--on-store-error allow|deny` it is ready
+    /// before that).
     async fn wait_ready(&self) {
         for _ in 0..500 {
-            if self.http("GET", "/readyz", "").await.0 == 200 {
+            if self.http("GET", "/readyz", "").await == (200, "OK\nstore: up\n".to_owned()) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -83,7 +83,7 @@ impl RedisStore {
             loop {
                 match connect_all(&spec, timeout, count).await {
                     Ok(connections) => {
-                        tracing::info!(?spec, connections = count, "connected to Redis");
+                        tracing::info!(store = %spec, connections = count, "connected to Redis");
                         // The slot map is read before the first call can be made, so that
                         // calls group by node from the start.
                         if let (Some(first), true, Some(known)) =
@@ -96,7 +96,7 @@ impl RedisStore {
                         return;
                     }
                     Err(error) => {
-                        tracing::warn!(?spec, %error, retry_in = ?wait, "Redis not reachable yet");
+                        tracing::warn!(store = %spec, %error, retry_in = ?wait, "Redis not reachable yet");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(CONNECT_BACKOFF.1);
                     }

@@ -80,17 +80,35 @@ impl RedisSpec {
     }
 }
 
+impl RedisSpec {
+    /// The nodes' addresses, without credentials.
+    fn addresses(&self) -> Vec<String> {
+        match self.connection_infos() {
+            Ok(infos) => infos.iter().map(|info| info.addr().to_string()).collect(),
+            Err(_) => vec!["<invalid>".into()],
+        }
+    }
+}
+
 /// Never prints credentials: only the addresses.
 impl fmt::Debug for RedisSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let addresses: Vec<String> = match self.connection_infos() {
-            Ok(infos) => infos.iter().map(|info| info.addr().to_string()).collect(),
-            Err(_) => vec!["<invalid>".into()],
-        };
         f.debug_struct("RedisSpec")
             .field("cluster", &self.cluster)
-            .field("nodes", &addresses)
+            .field("nodes", &self.addresses())
             .finish()
+    }
+}
+
+/// For logs: `redis 127.0.0.1:6379` or `redis cluster h1:7000,h2:7001`, never credentials.
+impl fmt::Display for RedisSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.cluster {
+            "redis cluster"
+        } else {
+            "redis"
+        };
+        write!(f, "{kind} {}", self.addresses().join(","))
     }
 }
 
@@ -131,6 +149,19 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn logs_name_the_addresses_only() {
+        let spec = parse("redis-cluster://user:secret@127.0.0.1:7000,127.0.0.1:7001");
+        assert_eq!(
+            spec.to_string(),
+            "redis cluster 127.0.0.1:7000,127.0.0.1:7001"
+        );
+        assert_eq!(
+            parse("redis://:pw@127.0.0.1:6379/2").to_string(),
+            "redis 127.0.0.1:6379"
+        );
     }
 
     #[test]

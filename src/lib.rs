@@ -40,9 +40,11 @@
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.
-//! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a value; `pb`: generated protobuf code; `metrics`: every metric;
-//!   `telemetry`: logs and traces; `runtime`: the tokio runtimes; `shutdown`: signals; `tls`:
-//!   the gRPC listener's TLS.
+//! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
+//!   value; `pb`: generated protobuf code; `metrics`: every metric (`metrics/counters.rs`:
+//!   the per-limit counters the rules hold, and label names); `process`: the `process_*`
+//!   metrics; `telemetry`: logs and traces; `runtime`: the tokio runtimes; `shutdown`:
+//!   signals; `tls`: the gRPC listener's TLS.
 
 pub mod admin;
 pub mod admission;
@@ -60,6 +62,7 @@ pub mod limit;
 pub mod limiter;
 pub mod metrics;
 pub mod pb;
+pub mod process;
 pub mod query;
 pub mod reload;
 pub mod rules;

@@ -190,6 +190,7 @@ impl Reloader {
             .config_reloads
             .get_or_create(&metrics::label("result", result))
             .inc();
+        self.metrics.config_loaded(result == "success");
     }
 }
 

@@ -180,6 +180,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let tls = tls_config(&options)?;
+    options.metrics.config_loaded(true);
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let reloader = options.reload.clone().map(|reload| {
         crate::reload::spawn(

@@ -69,8 +69,13 @@ pub fn init(log_level: &str, format: LogFormat) -> Result<Telemetry, TelemetryEr
         None
     };
     let traces = provider.as_ref().map(layer);
-    let text = (format == LogFormat::Text)
-        .then(|| tracing_subscriber::fmt::layer().with_writer(std::io::stderr));
+    // Colour only for a person at a terminal: a log collector would store the escape codes.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let text = (format == LogFormat::Text).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_ansi(colour)
+            .with_writer(std::io::stderr)
+    });
     let json = (format == LogFormat::Json).then(|| {
         tracing_subscriber::fmt::layer()
             .json()

@@ -232,6 +232,29 @@ fn log_format_json_writes_one_json_object_per_line() {
     assert_eq!(entry["fields"]["message"], "listening", "{line}");
 }
 
+#[test]
+fn text_logs_to_a_pipe_carry_no_colour_codes() {
+    use std::io::BufRead;
+    let mut child = tollgate_bin()
+        .args(["serve", "--config", "examples/config"])
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        line.contains(" INFO ") && line.contains("listening"),
+        "{line:?}"
+    );
+    assert!(!line.contains('\x1b'), "{line:?}");
+}
+
 #[tokio::test]
 async fn bench_open_loop_reports_server_cpu_and_memory() {
     let config = config_dir(&[(

@@ -84,7 +84,7 @@ async fn counters_are_exact_and_client_values_never_grow_the_label_sets_unbounde
     assert_eq!(sample(&text, "tollgate_over_limit_total", "m.shadowed"), 2);
     assert_eq!(sample(&text, "tollgate_shadow_mode_total", "m.shadowed"), 2);
     assert!(
-        text.contains("tollgate_requests_total{code=\"Ok\"} 15"),
+        text.contains("tollgate_requests_total{code=\"OK\"} 15"),
         "{text}"
     );
     assert!(
@@ -146,4 +146,58 @@ descriptors:
         ),
         1
     );
+}
+
+#[tokio::test]
+async fn build_process_and_config_load_metrics_are_exported() {
+    // This process's CPU time in seconds, as /proc/self/stat gives it (utime + stime, 1/100 s).
+    fn cpu_seconds() -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<u64> = stat
+            .rsplit_once(')')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|n| n.parse().unwrap())
+            .collect();
+        (fields[0] + fields[1]) as f64 / 100.0
+    }
+    let server = start(&[("m.yaml", LIMITS)]).await;
+    let before = cpu_seconds();
+    let text = server.http("GET", "/metrics", "").await.1;
+    let after = cpu_seconds();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        value(&format!(
+            "tollgate_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        1.0
+    );
+    assert_eq!(value("tollgate_config_last_load_success"), 1.0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let loaded = value("tollgate_config_last_load_timestamp_seconds");
+    assert!(now - 600.0 < loaded && loaded <= now, "{loaded}");
+    // The test process's own figures, under the standard names.
+    assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+    assert!(value("process_open_fds") >= 3.0);
+    let cpu = value("process_cpu_seconds_total");
+    assert!(
+        before <= cpu && cpu <= after,
+        "{before} <= {cpu} <= {after}"
+    );
+    let started = value("process_start_time_seconds");
+    assert!(now - 3_600.0 < started && started <= now, "{started}");
+    assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
 }

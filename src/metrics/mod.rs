@@ -10,8 +10,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -22,72 +22,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-type Labels = Vec<(&'static str, String)>;
+mod counters;
 
-/// Per-limit counters.
-#[derive(Default)]
-struct PerLimit {
-    total_hits: Family<Labels, Counter>,
-    over_limit: Family<Labels, Counter>,
-    near_limit: Family<Labels, Counter>,
-    within_limit: Family<Labels, Counter>,
-    shadow_mode: Family<Labels, Counter>,
-}
-
-/// One label set's five per-limit counters, each fetched from its family on first use (so a
-/// series appears only once it counts something) and held from then on.
-struct LimitCounters {
-    labels: Labels,
-    total_hits: OnceLock<Counter>,
-    over_limit: OnceLock<Counter>,
-    near_limit: OnceLock<Counter>,
-    within_limit: OnceLock<Counter>,
-    shadow_mode: OnceLock<Counter>,
-}
-
-impl LimitCounters {
-    fn new(labels: Labels) -> Self {
-        Self {
-            labels,
-            total_hits: OnceLock::new(),
-            over_limit: OnceLock::new(),
-            near_limit: OnceLock::new(),
-            within_limit: OnceLock::new(),
-            shadow_mode: OnceLock::new(),
-        }
-    }
-
-    fn add(&self, held: &OnceLock<Counter>, family: &Family<Labels, Counter>, hits: u64) {
-        held.get_or_init(|| family.get_or_create(&self.labels).clone())
-            .inc_by(hits);
-    }
-}
-
-/// A rule's per-limit counters, held by the rule (`Rule::counters`) once its first hit has
-/// found them, so that counting a hit of a configured rule is a few atomic adds: no lookup.
-/// They belong to the `Metrics` that found them; another `Metrics` (tests build several) is
-/// not given them and looks its own up.
-#[derive(Default)]
-pub struct HeldCounters(OnceLock<(usize, Arc<LimitCounters>)>);
-
-impl HeldCounters {
-    fn get(&self, metrics: &Metrics) -> Option<&LimitCounters> {
-        let (owner, counters) = self.0.get()?;
-        (*owner == metrics.identity).then_some(&**counters)
-    }
-
-    /// Holds `counters` unless some are held already; returns them either way.
-    fn hold(&self, metrics: &Metrics, counters: Arc<LimitCounters>) -> Arc<LimitCounters> {
-        let _ = self.0.set((metrics.identity, Arc::clone(&counters)));
-        counters
-    }
-}
-
-impl fmt::Debug for HeldCounters {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("HeldCounters")
-    }
-}
+pub use counters::{HeldCounters, Labels, grpc_code, label};
+use counters::{LimitCounters, PerLimit};
 
 /// Per domain, per rule path: the plain (no client value) label sets, found by borrowed
 /// strings so that counting a hit allocates nothing. Behind an `ArcSwap`, because every
@@ -99,6 +37,8 @@ pub struct Metrics {
     /// Tells this instance from others (see `HeldCounters`).
     identity: usize,
     registry: Registry,
+    /// The `process_*` metrics, under their standard names (no `tollgate_` prefix).
+    process: Registry,
     per_limit: PerLimit,
     plain: ArcSwap<PlainCounters>,
     /// Detailed (client-valued) label sets seen, bounded by `max_detailed`.
@@ -117,6 +57,9 @@ pub struct Metrics {
     pub config_reloads: Family<Labels, Counter>,
     pub deny_cache_hits: Counter,
     pub store_up: Gauge,
+    /// When the rules in force (or a failed attempt to replace them) were last loaded.
+    config_load_time: Gauge<f64, AtomicU64>,
+    config_load_success: Gauge,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
     pub tokio_tasks: Gauge,
@@ -186,6 +129,13 @@ impl Metrics {
             config_reloads: Family::default(),
             deny_cache_hits: Counter::default(),
             store_up: Gauge::default(),
+            config_load_time: Gauge::default(),
+            config_load_success: Gauge::default(),
+            process: {
+                let mut process = Registry::default();
+                process.register_collector(Box::new(crate::process::ProcessCollector));
+                process
+            },
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
             tokio_tasks: Gauge::default(),
@@ -195,7 +145,10 @@ impl Metrics {
     }
 
     fn cache_common_labels(self) -> Self {
-        let requests_ok = self.requests.get_or_create(&label("code", "Ok")).clone();
+        let requests_ok = self
+            .requests
+            .get_or_create(&label("code", grpc_code(tonic::Code::Ok)))
+            .clone();
         let decisions_ok = self
             .decisions
             .get_or_create(&label("overall", "OK"))
@@ -216,7 +169,7 @@ impl Metrics {
             tonic::Code::Ok => self.requests_ok.inc(),
             code => self
                 .requests
-                .get_or_create(&label("code", format!("{code:?}")))
+                .get_or_create(&label("code", grpc_code(code)))
                 .inc(),
         };
     }
@@ -261,6 +214,21 @@ impl Metrics {
             "Config reloads by result (success, error)",
             self.config_reloads.clone(),
         );
+        let build_info = Family::<Labels, Gauge>::default();
+        build_info
+            .get_or_create(&label("version", env!("CARGO_PKG_VERSION")))
+            .set(1);
+        r.register("build_info", "tollgate's version, as a label", build_info);
+        r.register(
+            "config_last_load_timestamp_seconds",
+            "When the config was last loaded or a reload last failed, since the Unix epoch",
+            self.config_load_time.clone(),
+        );
+        r.register(
+            "config_last_load_success",
+            "1 if the last config load or reload succeeded, 0 if it failed",
+            self.config_load_success.clone(),
+        );
         r.register(
             "store_up",
             "1 while the store answers the health probe, else 0",
@@ -292,9 +260,12 @@ impl Metrics {
     /// Counts one limited descriptor.
     pub fn count(&self, hit: &LimitHit<'_>) {
         match (&hit.detailed_path, hit.held) {
-            (None, Some(held)) => match held.get(self) {
+            (None, Some(held)) => match held.get(self.identity) {
                 Some(counters) => self.add(counters, hit),
-                None => self.add(&held.hold(self, self.plain(hit.domain, hit.path)), hit),
+                None => self.add(
+                    &held.hold(self.identity, self.plain(hit.domain, hit.path)),
+                    hit,
+                ),
             },
             (None, None) => self.add(&self.plain(hit.domain, hit.path), hit),
             (Some(_), _) => self.add(&LimitCounters::new(self.labels(hit)), hit),
@@ -392,9 +363,23 @@ impl Metrics {
                 .set(i64::try_from(alive).unwrap_or(i64::MAX));
         }
         let mut out = String::new();
-        // Writing to a String cannot fail.
+        // Writing to a String cannot fail. One exposition ends with one `# EOF`: the first
+        // registry's is dropped before the second is appended.
         let _ = encode(&mut out, &self.registry);
+        if out.ends_with("# EOF\n") {
+            out.truncate(out.len() - "# EOF\n".len());
+        }
+        let _ = encode(&mut out, &self.process);
         out
+    }
+
+    /// Records a config load (at start or a reload) and whether it succeeded.
+    pub fn config_loaded(&self, success: bool) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |since| since.as_secs_f64());
+        self.config_load_time.set(now);
+        self.config_load_success.set(i64::from(success));
     }
 }
 
@@ -408,11 +393,6 @@ impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
     }
-}
-
-/// A one-label set.
-pub fn label(name: &'static str, value: impl Into<String>) -> Labels {
-    vec![(name, value.into())]
 }
 
 #[cfg(test)]
@@ -442,14 +422,21 @@ mod tests {
     }
 
     #[test]
+    fn grpc_codes_are_spelled_as_grpc_spells_them() {
+        assert_eq!(grpc_code(tonic::Code::Ok), "OK");
+        assert_eq!(grpc_code(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(grpc_code(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
+    }
+
+    #[test]
     fn a_rule_holds_its_counters_for_the_metrics_that_found_them_only() {
         let rule_counters = HeldCounters::default();
         let (first, second) = (Metrics::default(), Metrics::default());
         first.count(&hit(&rule_counters, 2));
         first.count(&hit(&rule_counters, 3));
         // Held by the rule now, for `first`; `second` counts into its own registry.
-        assert!(rule_counters.get(&first).is_some());
-        assert!(rule_counters.get(&second).is_none());
+        assert!(rule_counters.get(first.identity).is_some());
+        assert!(rule_counters.get(second.identity).is_none());
         second.count(&hit(&rule_counters, 7));
         assert_eq!(total_hits(&first), Some(5));
         assert_eq!(total_hits(&second), Some(7));

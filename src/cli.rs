@@ -53,11 +53,14 @@ pub struct Cli {
 pub enum Command {
     /// Serve RLS v3 over gRPC and the admin endpoints over HTTP.
     Serve(Box<ServeArgs>),
-    /// Validate a config directory; print `file:line: path: reason` per problem, exit 1 if any.
+    /// Validate a config directory (or one file); print `file:line: path: reason` per problem,
+    /// exit 1 if any.
     Check(CheckArgs),
-    /// Send one ShouldRateLimit call and print each status and the overall code.
+    /// Send one ShouldRateLimit call and print each status and the overall code; exit 0 when
+    /// OK, 1 when OVER_LIMIT, 2 on an error.
     Query(QueryArgs),
-    /// Load-test an RLS v3 server (closed loop) and report decisions/s and latency.
+    /// Load-test any RLS v3 server, in a closed loop or (--rate) an open loop, and report
+    /// decisions/s, latency percentiles and, with --server-pid, its CPU and memory.
     Bench(BenchArgs),
     /// Exit 0 when the server reports SERVING on gRPC health, else 1 (container health checks).
     Health(HealthArgs),
@@ -69,7 +72,7 @@ pub struct HealthArgs {
     pub server: ClientArgs,
 
     /// gRPC health service name.
-    #[arg(long, default_value = "ratelimit")]
+    #[arg(long, env = "TOLLGATE_HEALTH_SERVICE", default_value = "ratelimit")]
     pub service: String,
 }
 
@@ -173,9 +176,27 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Directory of YAML rule files.
-    #[arg(env = "TOLLGATE_CONFIG")]
-    pub dir: PathBuf,
+    /// Directory of YAML rule files, or a single file.
+    #[arg(
+        value_name = "PATH",
+        env = "TOLLGATE_CONFIG",
+        required_unless_present = "config"
+    )]
+    pub path: Option<PathBuf>,
+
+    /// The same, as `serve` takes it.
+    #[arg(long, value_name = "PATH", conflicts_with = "path")]
+    pub config: Option<PathBuf>,
+}
+
+impl CheckArgs {
+    /// What to check, however it was named.
+    pub fn target(&self) -> &std::path::Path {
+        self.config
+            .as_deref()
+            .or(self.path.as_deref())
+            .unwrap_or(std::path::Path::new("."))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -187,13 +208,24 @@ pub struct QueryArgs {
     #[arg(long, env = "TOLLGATE_DOMAIN")]
     pub domain: String,
 
-    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors.
-    #[arg(long = "descriptor", required = true)]
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors (in the
+    /// environment, separate them with `;`).
+    #[arg(
+        long = "descriptor",
+        env = "TOLLGATE_DESCRIPTOR",
+        value_delimiter = ';',
+        required = true
+    )]
     pub descriptors: Vec<String>,
 
     /// Request-level hits_addend (0 means 1).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "TOLLGATE_HITS", default_value_t = 0)]
     pub hits: u32,
+
+    /// Print the response as the reference's JSON (as `POST /json` answers) instead of one
+    /// line per descriptor.
+    #[arg(long, env = "TOLLGATE_QUERY_JSON")]
+    pub json: bool,
 }
 
 /// A duration above zero.
@@ -312,6 +344,25 @@ mod tests {
         // Clashing names or groups panic here rather than when a user runs the command.
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_flag_can_be_set_from_the_environment() {
+        use clap::CommandFactory as _;
+        let command = Cli::command();
+        let mut missing = Vec::new();
+        for sub in command.get_subcommands() {
+            for arg in sub.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                // `check --config` is another spelling of its PATH, which reads
+                // TOLLGATE_CONFIG (one variable cannot feed two conflicting arguments).
+                let alias = sub.get_name() == "check" && arg.get_id() == "config";
+                if !builtin && !alias && arg.get_env().is_none() {
+                    missing.push(format!("{} --{}", sub.get_name(), arg.get_id()));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "flags without an env var: {missing:?}");
     }
 
     #[test]

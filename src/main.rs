@@ -25,8 +25,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&cli.log_level, cli.log_format)?;
     match cli.command {
         Command::Serve(args) => serve(*args).await,
-        Command::Check(args) => Ok(check(&args.dir)),
-        Command::Query(args) => query(args).await,
+        Command::Check(args) => Ok(check(args.target())),
+        Command::Query(args) => Ok(query(args).await.unwrap_or_else(|error| {
+            eprintln!("Error: {error}");
+            ExitCode::from(2)
+        })),
         Command::Bench(args) => run_bench(args).await,
         Command::Health(args) => health(args).await,
     }
@@ -67,8 +70,18 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
         hits_addend: args.hits,
     };
     let response = query::call(&args.server, request.clone()).await?;
-    print!("{}", query::render(&request, &response));
-    Ok(ExitCode::SUCCESS)
+    if args.json {
+        println!("{}", tollgate::admin::json::encode_response(&response));
+    } else {
+        print!("{}", query::render(&request, &response));
+    }
+    // A script can tell a denial from an answer: 0 OK, 1 OVER_LIMIT (errors exit 2).
+    let over = response.overall_code == pb::rate_limit_response::Code::OverLimit as i32;
+    Ok(if over {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {

@@ -24,6 +24,29 @@ fn check_accepts_the_example_config() {
 }
 
 #[test]
+fn check_takes_config_as_serve_does_and_a_single_file() {
+    let output = run(&["check", "--config", "examples/config"]);
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout)
+        ),
+        (Some(0), "examples/config: ok, 2 domain(s)\n".into())
+    );
+    let output = run(&["check", "examples/config/api.yaml"]);
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout)
+        ),
+        (
+            Some(0),
+            "examples/config/api.yaml: ok, 1 domain(s)\n".into()
+        )
+    );
+}
+
+#[test]
 fn check_prints_file_line_path_reason_and_exits_1() {
     let output = run(&["check", "tests/fixtures/config_errors/bad_unit"]);
     assert_eq!(output.status.code(), Some(1));
@@ -52,8 +75,8 @@ async fn serve_answers_query_ok_then_over_limit() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let addr = format!("http://127.0.0.1:{grpc}");
-    let query = || {
-        let output = run(&[
+    let query_with = |extra: &[&str], exit: i32| {
+        let mut args = vec![
             "query",
             "--addr",
             &addr,
@@ -61,27 +84,36 @@ async fn serve_answers_query_ok_then_over_limit() {
             "api",
             "--descriptor",
             "password_reset=alice",
-        ]);
+        ];
+        args.extend(extra);
+        let output = run(&args);
         assert_eq!(
             output.status.code(),
-            Some(0),
+            Some(exit),
             "{}",
             String::from_utf8_lossy(&output.stderr)
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
+    let query = || query_with(&[], 0);
     for remaining in [2, 1, 0] {
         let printed = query();
         let expected = format!("password_reset=alice: OK limit=3/DAY remaining={remaining} reset=");
         assert!(printed.starts_with(&expected), "{printed}");
         assert!(printed.ends_with("s\noverall: OK\n"), "{printed}");
     }
-    let printed = query();
+    // OVER_LIMIT exits 1, so a script can tell a denial from an error (2).
+    let printed = query_with(&[], 1);
     assert!(
         printed.starts_with("password_reset=alice: OVER_LIMIT limit=3/DAY remaining=0 reset="),
         "{printed}"
     );
     assert!(printed.ends_with("s\noverall: OVER_LIMIT\n"), "{printed}");
+    let json = query_with(&["--json"], 1);
+    assert!(
+        json.starts_with(r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":3,"unit":"DAY"},"durationUntilReset":""#),
+        "{json}"
+    );
 }
 
 #[tokio::test]
@@ -195,7 +227,7 @@ fn query_takes_an_address_without_a_scheme() {
         "--descriptor",
         "k=v",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2), "an error, not a denial");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(&format!(

@@ -4,7 +4,7 @@
 //! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable) and `GET /config` (the
 //! active rules, one line per limit).
 
-mod json;
+pub mod json;
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -32,52 +32,52 @@ pub struct BenchArgs {
     pub server: ClientArgs,
 
     /// Rate-limit domain of every request.
-    #[arg(long, default_value = "bench")]
+    #[arg(long, env = "TOLLGATE_BENCH_DOMAIN", default_value = "bench")]
     pub domain: String,
 
     /// Descriptor entry key.
-    #[arg(long, default_value = "user")]
+    #[arg(long, env = "TOLLGATE_BENCH_KEY", default_value = "user")]
     pub key: String,
 
     /// Distinct values cycled through (distinct counters).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, env = "TOLLGATE_BENCH_VALUES", default_value_t = 10_000)]
     pub values: usize,
 
     /// Descriptors per request.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, env = "TOLLGATE_BENCH_DESCRIPTORS", default_value_t = 1)]
     pub descriptors: usize,
 
     /// Request-level hits_addend (0 means 1).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, env = "TOLLGATE_BENCH_HITS", default_value_t = 0)]
     pub hits: u32,
 
     /// Requests in flight.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, env = "TOLLGATE_BENCH_CONCURRENCY", default_value_t = 64)]
     pub concurrency: usize,
 
     /// HTTP/2 connections the requests share.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "TOLLGATE_BENCH_CONNECTIONS", default_value_t = 2)]
     pub connections: usize,
 
     /// Measured time.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_BENCH_DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
 
     /// Unmeasured time before it.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_BENCH_WARMUP", default_value = "2s", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
 
     /// Open loop: start this many requests per second on schedule, whatever the server's
     /// speed (default: closed loop with --concurrency in flight).
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_RATE")]
     pub rate: Option<u64>,
 
     /// Report this server process's CPU time per decision and its resident memory (Linux).
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_SERVER_PID")]
     pub server_pid: Option<u32>,
 
     /// Print the report as JSON.
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_JSON")]
     pub json: bool,
 }
 

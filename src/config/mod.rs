@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use crate::rules::RuleSet;
 pub use error::{ConfigError, ConfigErrors};
 
-/// Loads and validates every config file under `dir`.
+/// Loads and validates every config file under `dir` (or the one file `dir` names).
 pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
     let files = config_files(dir).map_err(|error| ConfigErrors(vec![error]))?;
     let mut errors = Vec::new();
@@ -50,8 +50,12 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
     }
 }
 
-/// The config files under `dir`, recursively, sorted so that errors come in a stable order.
+/// The config files under `dir`, recursively, sorted so that errors come in a stable order;
+/// or `dir` itself when it names a file.
 fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    if std::fs::metadata(dir).is_ok_and(|metadata| metadata.is_file()) {
+        return Ok(vec![dir.to_path_buf()]);
+    }
     let mut files = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {

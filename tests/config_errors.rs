@@ -62,6 +62,9 @@ config_error! {
     empty_rate_limits => "api.yaml:4: domain \"api\" > descriptors[0] (key \"user\") > rate_limits: must not be empty";
     same_window_twice => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1]: same algorithm (fixed_window) and window (60 s) as another limit of this descriptor (5/minute); they would share one counter";
     unlimited_in_rate_limits => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].unlimited: cannot be one of several limits";
+    unclosed_brace => "api.yaml:4: descriptors[0].rate_limit.requests_per_unit: the \"{\" on this line is never closed: end it with \"}\" (the YAML parser found: expected a whole number from 0 to 4294967295)";
+    unclosed_bracket => "api.yaml:1: domain: the \"[\" on this line is never closed: end it with \"]\" (the YAML parser found: expected a single value (text), got a list or a map)";
+    list_for_a_string => "api.yaml:1: domain: expected a single value (text), got a list or a map";
     replaces_a_sibling => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].replaces: \"burst\" names a limit of this same descriptor, which would disable it";
 }
 

@@ -79,12 +79,55 @@ pub(super) fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigErro
     let result = serde_saphyr::with_deserializer_from_str(text, |de| {
         RawFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
     });
-    result.map_err(|error| ConfigError {
-        file: file.to_path_buf(),
-        line: error.location().map(|location| location.line()),
-        path: yaml_path(&track.path()),
-        reason: yaml_reason(&error),
+    result.map_err(|error| {
+        let line = error.location().map(|location| location.line());
+        let mut reason = yaml_reason(&error);
+        let mut at = line;
+        // An unclosed `{` or `[` makes the parser read on into the next lines and fail on
+        // whatever it finds there: point at the bracket instead.
+        if let Some((open_line, bracket)) = unclosed_bracket(text, line) {
+            let close = if bracket == '{' { '}' } else { ']' };
+            let read_on = match line {
+                Some(line) if line > open_line => format!("read on to line {line} and "),
+                _ => String::new(),
+            };
+            reason = format!(
+                "the \"{bracket}\" on this line is never closed: end it with \"{close}\" (the YAML parser {read_on}found: {reason})"
+            );
+            at = Some(open_line);
+        }
+        ConfigError {
+            file: file.to_path_buf(),
+            line: at,
+            path: yaml_path(&track.path()),
+            reason,
+        }
     })
+}
+
+/// The `{` or `[` still open where the parser failed (at line `until`), outside quotes and
+/// comments, and the line that opened it: the likely cause of whatever error the parser
+/// reports after it. Flow collections closed before the error are no suspects.
+fn unclosed_bracket(text: &str, until: Option<u64>) -> Option<(u64, char)> {
+    let until = until?;
+    let mut open: Vec<(u64, char)> = Vec::new();
+    for (number, line) in (1u64..).zip(text.lines()).take_while(|(n, _)| *n <= until) {
+        let mut quote = None;
+        for c in line.chars() {
+            match (quote, c) {
+                (Some(q), c) if c == q => quote = None,
+                (Some(_), _) => {}
+                (None, '"' | '\'') => quote = Some(c),
+                (None, '#') => break,
+                (None, '{' | '[') => open.push((number, c)),
+                (None, '}' | ']') => {
+                    open.pop();
+                }
+                _ => {}
+            }
+        }
+    }
+    open.first().copied()
 }
 
 /// The path serde was at, without the `value` steps that `Spanned` wrappers add: every list
@@ -151,6 +194,9 @@ fn yaml_reason(error: &serde_saphyr::Error) -> String {
     match reason {
         "invalid u32" => "expected a whole number from 0 to 4294967295".to_owned(),
         "invalid boolean" => "expected true or false".to_owned(),
+        "expected string scalar" => {
+            "expected a single value (text), got a list or a map".to_owned()
+        }
         other => other.to_owned(),
     }
 }

@@ -279,3 +279,46 @@ async fn tollgate_started_before_redis_is_not_ready_then_serves_once_redis_answe
         .into_inner();
     assert_eq!(response.statuses[0].limit_remaining, 9);
 }
+
+#[test]
+fn a_wrong_redis_password_is_an_error_that_says_what_to_check() {
+    use std::io::BufRead;
+    let redis = common::redis_process::RedisServer::start();
+    redis.query(&["CONFIG", "SET", "requirepass", "right"]);
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let mut child = ChildGuard(
+        tollgate_bin()
+            .args(["serve", "--config"])
+            .arg(config.path())
+            .args([
+                "--store",
+                &redis.url().replace("redis://", "redis://:wrong@"),
+            ])
+            .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+            .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = std::io::BufReader::new(child.0.stderr.take().unwrap());
+    let (found, first_error) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let error = stderr
+            .lines()
+            .map_while(Result::ok)
+            .find(|line| line.contains("ERROR"));
+        let _ = found.send(error);
+    });
+    let refused = first_error
+        .recv_timeout(Duration::from_secs(30))
+        .expect("an error line within 30 s")
+        .expect("tollgate exited without an error line");
+    assert!(
+        refused.contains("Redis refused tollgate: check the user and password (in the --store URL, or --redis-password-file)"),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains("wrong"),
+        "the password stays out of logs: {refused}"
+    );
+}

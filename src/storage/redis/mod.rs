@@ -95,8 +95,16 @@ impl RedisStore {
                         let _ = slot.set(connections);
                         return;
                     }
-                    Err(error) => {
+                    Err(error) if error.is_transient() => {
                         tracing::warn!(store = %spec, %error, retry_in = ?wait, "Redis not reachable yet");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(CONNECT_BACKOFF.1);
+                    }
+                    // Answered, but no: retrying is still right (a rotated secret may fix it),
+                    // but someone must act, so it is an error with what to check.
+                    Err(error) => {
+                        let hint = refusal_hint(&error);
+                        tracing::error!(store = %spec, %error, retry_in = ?wait, "Redis refused tollgate: {hint}");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(CONNECT_BACKOFF.1);
                     }
@@ -363,6 +371,21 @@ impl RedisStore {
                 }
             }
         }
+    }
+}
+
+/// What to check when Redis refuses a connection.
+fn refusal_hint(error: &StoreError) -> &'static str {
+    let text = error.to_string();
+    if ["WRONGPASS", "NOAUTH", "uthentication"]
+        .iter()
+        .any(|sign| text.contains(sign))
+    {
+        "check the user and password (in the --store URL, or --redis-password-file)"
+    } else if text.contains("NOPERM") {
+        "the Redis user lacks a permission tollgate needs (EVALSHA, EVAL, SCRIPT, GET, SET, TIME)"
+    } else {
+        "see the error; tollgate keeps retrying"
     }
 }
 

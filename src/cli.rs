@@ -128,6 +128,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_DENY_CACHE_SIZE", default_value_t = 100_000)]
     pub deny_cache_size: usize,
 
+    /// Longest a cached denial is answered locally before the store is asked again: bounds
+    /// how long a replica keeps denying a counter that was reset in the store.
+    #[arg(long, env = "TOLLGATE_DENY_CACHE_MAX_TTL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub deny_cache_max_ttl: Duration,
+
     /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
     /// over. One keeps a single-threaded Redis busy; with Redis `io-threads N`, use N, since
     /// Redis spreads connections, not calls, over its threads.
@@ -289,6 +294,7 @@ impl ServeArgs {
             charge: self.charge(),
             timeout: self.store_timeout,
             deny_cache_size: self.deny_cache_size,
+            deny_cache_max_ttl: self.deny_cache_max_ttl,
             memory_max_keys: self.memory_max_keys,
             redis_connections: usize::from(self.redis_connections),
             runtimes: self.runtime.grpc_runtimes(),

@@ -322,3 +322,31 @@ fn a_wrong_redis_password_is_an_error_that_says_what_to_check() {
         "the password stays out of logs: {refused}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_reset_in_redis_is_honoured_once_the_deny_cache_max_ttl_has_passed() {
+    // 10 per minute for user "a"; the server's clock (the script's too) is manual.
+    let server = start_on(StoreKind::Redis, &[("faults.yaml", LIMITS)]).await;
+    for _ in 0..10 {
+        assert_eq!(server.ok(user("a")).await.overall_code, OK);
+    }
+    let over = server.ok(user("a")).await;
+    assert_eq!(over.overall_code, OVER);
+    // An operator resets the counters; the cached denial stands for at most a second.
+    let Backing::Redis(redis) = &server.backing else {
+        panic!("a Redis test");
+    };
+    redis.query(&["FLUSHALL"]);
+    assert_eq!(
+        server.ok(user("a")).await.overall_code,
+        OVER,
+        "answered locally"
+    );
+    server.clock.advance(1_000_001);
+    let after = server.ok(user("a")).await;
+    assert_eq!(
+        (after.overall_code, after.statuses[0].limit_remaining),
+        (OK, 9),
+        "the store is asked again and finds the counter reset"
+    );
+}

@@ -6,8 +6,12 @@
 //!
 //! Safe: a denial lasts at least until its `retry_after` whatever other replicas do (they can
 //! only consume more), except for a refund of a vetoed request, which can make room a little
-//! early; the cache then under-admits briefly, never over-admits. Bounded: an LRU of
-//! `capacity` counters.
+//! early, or an operator resetting the counter in the store; the cache then under-admits,
+//! never over-admits. How long it can do so is bounded by `max_ttl`: a denial is answered
+//! locally for at most that long before the store is asked again (`--deny-cache-max-ttl`,
+//! 1 s by default, so a reset is honoured on every replica within about a second), while the
+//! answer still carries the full `retry_after`. Bounded in memory: an LRU of `capacity`
+//! counters.
 
 use std::collections::HashSet;
 use std::num::NonZeroUsize;
@@ -29,6 +33,8 @@ struct Denied {
     params: Params,
     /// Until when `need` or more hits are denied.
     until: Micros,
+    /// Until when the cache answers for the store (`until`, or sooner by `max_ttl`).
+    trusted_until: Micros,
     /// When the counter is fully available again.
     reset_at: Micros,
     need: u64,
@@ -41,16 +47,19 @@ pub struct DenyCache {
     /// denial remembered at this instant may be missed once: that call asks the store.
     held: AtomicUsize,
     hits: AtomicU64,
+    max_ttl: Micros,
 }
 
 impl DenyCache {
-    /// A cache of at most `capacity` counters; 0 turns it off.
-    pub fn new(capacity: usize) -> Self {
+    /// A cache of at most `capacity` counters (0 turns it off), each answered locally for at
+    /// most `max_ttl`.
+    pub fn new(capacity: usize, max_ttl: Micros) -> Self {
         Self {
             entries: NonZeroUsize::new(capacity)
                 .map(|capacity| Mutex::new(LruCache::new(capacity))),
             held: AtomicUsize::new(0),
             hits: AtomicU64::new(0),
+            max_ttl,
         }
     }
 
@@ -71,7 +80,7 @@ impl DenyCache {
             .map(|hit| {
                 let denied = entries.get(&hit.key)?;
                 (denied.params == hit.params
-                    && denied.until > now
+                    && denied.trusted_until > now
                     && hit.hits.max(1) >= denied.need)
                     .then(|| Outcome {
                         allowed: false,
@@ -113,6 +122,7 @@ impl DenyCache {
                 let denied = Denied {
                     params: hit.params,
                     until: now.saturating_add(outcome.retry_after),
+                    trusted_until: now.saturating_add(outcome.retry_after.min(self.max_ttl)),
                     reset_at: now.saturating_add(outcome.reset_after),
                     need: hit.hits.max(1),
                 };
@@ -133,10 +143,15 @@ pub struct DenyCached {
 }
 
 impl DenyCached {
-    pub fn new(inner: Arc<dyn CounterStore>, capacity: usize, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(
+        inner: Arc<dyn CounterStore>,
+        capacity: usize,
+        max_ttl: Micros,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Self {
             inner,
-            cache: DenyCache::new(capacity),
+            cache: DenyCache::new(capacity, max_ttl),
             clock,
             hits_metric: Counter::default(),
         }
@@ -206,7 +221,7 @@ mod tests {
 
     #[test]
     fn a_known_denial_is_answered_until_its_retry_time_for_as_many_hits_or_more() {
-        let cache = DenyCache::new(10);
+        let cache = DenyCache::new(10, Micros::MAX);
         cache.remember(&[hit("a", 2)], &[denied(5_000_000)], 1_000);
         let answer = cache.answer(&[hit("a", 2)], 2_000).unwrap();
         assert_eq!(answer[0].retry_after, 4_999_000);
@@ -223,8 +238,20 @@ mod tests {
     }
 
     #[test]
+    fn a_denial_is_answered_locally_for_at_most_the_max_ttl_with_its_full_retry_time() {
+        let cache = DenyCache::new(10, 1_000_000);
+        cache.remember(&[hit("a", 1)], &[denied(3_600_000_000)], 0);
+        let answer = cache.answer(&[hit("a", 1)], 999_999).unwrap();
+        assert_eq!(answer[0].retry_after, 3_600_000_000 - 999_999);
+        assert!(
+            cache.answer(&[hit("a", 1)], 1_000_000).is_none(),
+            "past the max TTL the store is asked again (a reset there is honoured)"
+        );
+    }
+
+    #[test]
     fn a_counter_named_twice_is_never_cached() {
-        let cache = DenyCache::new(10);
+        let cache = DenyCache::new(10, Micros::MAX);
         let allowed = Outcome {
             allowed: true,
             ..Outcome::default()
@@ -239,7 +266,7 @@ mod tests {
 
     #[test]
     fn size_zero_is_off() {
-        let cache = DenyCache::new(0);
+        let cache = DenyCache::new(0, Micros::MAX);
         cache.remember(&[hit("a", 1)], &[denied(1_000)], 0);
         assert!(cache.answer(&[hit("a", 1)], 1).is_none());
     }

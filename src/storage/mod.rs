@@ -114,6 +114,8 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// Counters the local deny cache of a remote store remembers (0: off).
     pub deny_cache_size: usize,
+    /// Longest the deny cache answers for the store before asking it again.
+    pub deny_cache_max_ttl: Duration,
     /// Most counters the memory store keeps.
     pub memory_max_keys: usize,
     /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
@@ -138,6 +140,7 @@ impl Default for StoreOptions {
             charge: Charge::IfAllowed,
             timeout: Duration::from_millis(50),
             deny_cache_size: 100_000,
+            deny_cache_max_ttl: Duration::from_secs(1),
             memory_max_keys: 1_000_000,
             redis_connections: 1,
             runtimes: 1,

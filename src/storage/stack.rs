@@ -51,12 +51,21 @@ pub fn remote_stack(
     ));
     if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
         Arc::new(
-            deny_cache::DenyCached::new(guarded, options.deny_cache_size, local_clock(options))
-                .with_metrics(metrics),
+            deny_cache::DenyCached::new(
+                guarded,
+                options.deny_cache_size,
+                micros(options.deny_cache_max_ttl),
+                local_clock(options),
+            )
+            .with_metrics(metrics),
         )
     } else {
         guarded
     }
+}
+
+fn micros(duration: std::time::Duration) -> crate::clock::Micros {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// The clock of state kept in this process.

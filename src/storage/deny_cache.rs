@@ -10,7 +10,8 @@
 //! never over-admits. How long it can do so is bounded by `max_ttl`: a denial is answered
 //! locally for at most that long before the store is asked again (`--deny-cache-max-ttl`,
 //! 1 s by default, so a reset is honoured on every replica within about a second), while the
-//! answer still carries the full `retry_after`. Bounded in memory: an LRU of `capacity`
+//! answer still carries the full `retry_after`; when that time is up, one call goes to the
+//! store while the others are still answered here. Bounded in memory: an LRU of `capacity`
 //! counters.
 
 use std::collections::HashSet;
@@ -75,21 +76,30 @@ impl DenyCache {
             return None;
         }
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
-        let outcomes = hits
-            .iter()
-            .map(|hit| {
-                let denied = entries.get(&hit.key)?;
-                (denied.params == hit.params
-                    && denied.trusted_until > now
-                    && hit.hits.max(1) >= denied.need)
-                    .then(|| Outcome {
-                        allowed: false,
-                        remaining: 0,
-                        reset_after: denied.reset_at.saturating_sub(now),
-                        retry_after: denied.until - now,
-                    })
-            })
-            .collect::<Option<Vec<Outcome>>>()?;
+        let mut outcomes = Vec::with_capacity(hits.len());
+        let mut known = true;
+        for hit in hits {
+            let denied = entries.get_mut(&hit.key)?;
+            if denied.params != hit.params || denied.until <= now || hit.hits.max(1) < denied.need {
+                return None;
+            }
+            if denied.trusted_until <= now {
+                // Due for a look at the store: this call goes, and the others keep being
+                // answered here meanwhile (re-armed), so one call per counter asks, not every
+                // call in flight. Its answer replaces or removes the entry.
+                denied.trusted_until = now.saturating_add(self.max_ttl);
+                known = false;
+            }
+            outcomes.push(Outcome {
+                allowed: false,
+                remaining: 0,
+                reset_after: denied.reset_at.saturating_sub(now),
+                retry_after: denied.until - now,
+            });
+        }
+        if !known {
+            return None;
+        }
         self.hits.fetch_add(1, Ordering::Relaxed);
         Some(outcomes)
     }
@@ -246,6 +256,14 @@ mod tests {
         assert!(
             cache.answer(&[hit("a", 1)], 1_000_000).is_none(),
             "past the max TTL the store is asked again (a reset there is honoured)"
+        );
+        assert!(
+            cache.answer(&[hit("a", 1)], 1_000_001).is_some(),
+            "by one call: the others in flight meanwhile are still answered here"
+        );
+        assert!(
+            cache.answer(&[hit("a", 1)], 2_000_000).is_none(),
+            "and again a second later"
         );
     }
 

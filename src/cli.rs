@@ -62,6 +62,10 @@ pub enum Command {
     /// Load-test any RLS v3 server, in a closed loop or (--rate) an open loop, and report
     /// decisions/s, latency percentiles and, with --server-pid, its CPU and memory.
     Bench(BenchArgs),
+    /// Reset the counters of a domain's descriptors on a running server (its admin
+    /// listener's `POST /reset`): the store forgets them and that replica's deny cache too;
+    /// other replicas' deny caches follow within --deny-cache-max-ttl.
+    Reset(ResetArgs),
     /// Exit 0 when the server reports SERVING on gRPC health, else 1 (container health checks).
     Health(HealthArgs),
 }
@@ -231,6 +235,26 @@ pub struct QueryArgs {
     /// line per descriptor.
     #[arg(long, env = "TOLLGATE_QUERY_JSON")]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ResetArgs {
+    /// The server's admin listener (`host:port`, its --http-addr).
+    #[arg(long, env = "TOLLGATE_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
+    pub admin_addr: String,
+
+    /// Rate-limit domain.
+    #[arg(long, env = "TOLLGATE_DOMAIN")]
+    pub domain: String,
+
+    /// A descriptor as `key=value[,key=value...]`, as `query` takes it; repeat for several.
+    #[arg(
+        long = "descriptor",
+        env = "TOLLGATE_DESCRIPTOR",
+        value_delimiter = ';',
+        required = true
+    )]
+    pub descriptors: Vec<String>,
 }
 
 /// A duration above zero.

@@ -118,6 +118,21 @@ impl RateLimiter {
         self.rules.load_full()
     }
 
+    /// Forgets the counters `request` would count on, in the store and in any local cache
+    /// (an operator's reset); how many counters that was.
+    pub async fn reset(&self, request: &Request) -> Result<usize, StoreError> {
+        let rules = self.rules.load_full();
+        let matches = match_descriptors(&rules, request);
+        let replaced = replaced_names(&matches);
+        let mut hits = Vec::new();
+        for (index, (descriptor, found)) in request.descriptors.iter().zip(&matches).enumerate() {
+            self.resolve(request, index, descriptor, found, &replaced, &mut hits);
+        }
+        let keys: Vec<keys::CounterKey> = hits.into_iter().map(|hit| hit.key).collect();
+        self.store.forget(&keys).await?;
+        Ok(keys.len())
+    }
+
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {
         let span = crate::request_span!("decide", descriptors = request.descriptors.len());
         self.count(request).instrument(span).await

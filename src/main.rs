@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ServeArgs};
+use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
 use tollgate::runtime::Flavor;
 use tollgate::storage::stack::build_store;
 use tollgate::{bench, config, pb, query, server, shutdown, telemetry};
@@ -32,6 +32,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         })),
         Command::Bench(args) => run_bench(args).await,
         Command::Health(args) => health(args).await,
+        Command::Reset(args) => reset(args).await,
     }
 }
 
@@ -82,6 +83,21 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+async fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
+    let descriptors = args
+        .descriptors
+        .iter()
+        .map(|d| query::parse_descriptor(d))
+        .collect::<Result<_, _>>()?;
+    let request = pb::RateLimitRequest {
+        domain: args.domain,
+        descriptors,
+        hits_addend: 0,
+    };
+    println!("{}", query::reset(&args.admin_addr, &request).await?);
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {

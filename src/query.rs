@@ -103,6 +103,56 @@ pub async fn serving(server: &ClientArgs, service: String) -> Result<bool, Query
     Ok(status == ServingStatus::Serving as i32)
 }
 
+/// Why `tollgate reset` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ResetError {
+    #[error("--admin-addr {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("{status}: {body}")]
+    Refused { status: u16, body: String },
+}
+
+/// `tollgate reset`: `POST /reset` on the admin listener at `admin` (`host:port`), with the
+/// request as `/json` takes it; the server's answer.
+pub async fn reset(admin: &str, request: &pb::RateLimitRequest) -> Result<String, ResetError> {
+    use hyper::body::Body as _;
+    let failed = |reason: String| ResetError::Connect {
+        addr: admin.to_owned(),
+        reason,
+    };
+    let host = admin.trim_start_matches("http://").trim_end_matches('/');
+    let stream = tokio::net::TcpStream::connect(host)
+        .await
+        .map_err(|error| failed(error.to_string()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|error| failed(crate::client::causes(&error)))?;
+    tokio::spawn(connection);
+    let call = hyper::Request::post("/reset")
+        .header("host", host)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(crate::admin::json::encode_request(
+            request,
+        )))
+        .map_err(|error| failed(error.to_string()))?;
+    let response = sender
+        .send_request(call)
+        .await
+        .map_err(|error| failed(crate::client::causes(&error)))?;
+    let status = response.status().as_u16();
+    let size = response.body().size_hint().upper().unwrap_or(64 * 1024);
+    let body = axum::body::to_bytes(axum::body::Body::new(response.into_body()), size as usize)
+        .await
+        .map_err(|error| failed(error.to_string()))?;
+    let body = String::from_utf8_lossy(&body).trim_end().to_owned();
+    if status == 200 {
+        Ok(body)
+    } else {
+        Err(ResetError::Refused { status, body })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -167,6 +167,15 @@ impl RlsService {
         }
     }
 
+    /// Validates `request` as a decision would be, then forgets the counters it would count
+    /// on (`POST /reset`); how many.
+    pub async fn reset(&self, request: pb::RateLimitRequest) -> Result<usize, Error> {
+        let request = descriptor::Request::from_pb(request, &self.options.input_limits)?;
+        let reset = self.limiter.reset(&request).await?;
+        tracing::info!(domain = %request.domain, counters = reset, "counters reset");
+        Ok(reset)
+    }
+
     /// The answer when the store failed, per `--on-store-error`.
     fn without_store(
         &self,

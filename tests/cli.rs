@@ -114,6 +114,31 @@ async fn serve_answers_query_ok_then_over_limit() {
         json.starts_with(r#"{"overallCode":"OVER_LIMIT","statuses":[{"code":"OVER_LIMIT","currentLimit":{"requestsPerUnit":3,"unit":"DAY"},"durationUntilReset":""#),
         "{json}"
     );
+
+    // An operator's reset: the counter starts afresh.
+    let output = run(&[
+        "reset",
+        "--admin-addr",
+        &format!("127.0.0.1:{http_port}"),
+        "--domain",
+        "api",
+        "--descriptor",
+        "password_reset=alice",
+    ]);
+    assert_eq!(
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout)
+        ),
+        (Some(0), "{\"reset\":1}\n".into()),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = query();
+    assert!(
+        printed.starts_with("password_reset=alice: OK limit=3/DAY remaining=2 reset="),
+        "{printed}"
+    );
 }
 
 #[tokio::test]

@@ -324,6 +324,30 @@ fn a_wrong_redis_password_is_an_error_that_says_what_to_check() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_reset_clears_the_counter_in_redis_and_the_local_deny_cache_at_once() {
+    let server = start_on(StoreKind::Redis, &[("faults.yaml", LIMITS)]).await;
+    for _ in 0..10 {
+        server.ok(user("a")).await;
+    }
+    assert_eq!(server.ok(user("a")).await.overall_code, OVER);
+    let body = r#"{"domain":"faults","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+    assert_eq!(
+        server.http("POST", "/reset", body).await,
+        (200, r#"{"reset":1}"#.to_owned())
+    );
+    let after = server.ok(user("a")).await;
+    assert_eq!(
+        (after.overall_code, after.statuses[0].limit_remaining),
+        (OK, 9)
+    );
+    // A bad request names its fault.
+    assert_eq!(
+        server.http("POST", "/reset", r#"{"domain":""}"#).await,
+        (400, "bad request: domain: must not be empty\n".to_owned())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_reset_in_redis_is_honoured_once_the_deny_cache_max_ttl_has_passed() {
     // 10 per minute for user "a"; the server's clock (the script's too) is manual.
     let server = start_on(StoreKind::Redis, &[("faults.yaml", LIMITS)]).await;

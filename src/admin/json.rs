@@ -161,6 +161,30 @@ pub fn encode_response(response: &pb::RateLimitResponse) -> String {
     Value::Object(out).to_string()
 }
 
+/// A request as `decode_request` reads it (domain, descriptors' entries, hits_addend), for
+/// the client commands that call the admin endpoints.
+pub fn encode_request(request: &pb::RateLimitRequest) -> String {
+    let descriptors: Vec<Value> = request
+        .descriptors
+        .iter()
+        .map(|descriptor| {
+            let entries: Vec<Value> = descriptor
+                .entries
+                .iter()
+                .map(|entry| json!({"key": entry.key, "value": entry.value}))
+                .collect();
+            json!({ "entries": entries })
+        })
+        .collect();
+    let mut out = Map::new();
+    out.insert("domain".into(), json!(request.domain));
+    out.insert("descriptors".into(), Value::Array(descriptors));
+    if request.hits_addend != 0 {
+        out.insert("hitsAddend".into(), json!(request.hits_addend));
+    }
+    Value::Object(out).to_string()
+}
+
 fn encode_status(status: &rls::DescriptorStatus) -> Value {
     let mut out = Map::new();
     out.insert("code".into(), json!(code_name(status.code)));
@@ -210,6 +234,18 @@ mod tests {
         assert_eq!(camel.hits_addend, 2);
         assert_eq!(camel.descriptors[0].hits_addend, Some(0));
         assert_eq!(camel.descriptors[0].limit.as_ref().unwrap().unit, 4);
+    }
+
+    #[test]
+    fn an_encoded_request_decodes_to_itself() {
+        let request = decode_request(
+            br#"{"domain":"d","hitsAddend":3,"descriptors":[{"entries":[{"key":"k","value":"v"},{"key":"q","value":""}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            decode_request(encode_request(&request).as_bytes()).unwrap(),
+            request
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The HTTP admin listener (port 8080 by default), with the reference's endpoints:
 //! `/healthcheck` (200 `OK` when ready, else 500), `/healthz` (liveness: 200 while the process
 //! runs), `/readyz` (as `/healthcheck`, plus the store's state), `POST /json` (a `RateLimitRequest` as protojson; 200
-//! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable) and `GET /config` (the
-//! active rules, one line per limit).
+//! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable), `GET /config` (the
+//! active rules, one line per limit), and tollgate's own `POST /reset` (an operator's reset
+//! of the counters a request names).
 
 pub mod json;
 
@@ -48,6 +49,7 @@ pub fn router(
         .route("/readyz", get(readiness_with_store))
         .route("/healthz", get(|| async { "OK" }))
         .route("/json", post(decide_json))
+        .route("/reset", post(reset_counters))
         .route("/config", get(config))
         .with_state(Admin {
             service,
@@ -117,6 +119,29 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
             "rate limit store unavailable\n",
         )
             .into_response(),
+    }
+}
+
+/// `POST /reset` with a request as for `/json`: forgets the counters its descriptors would
+/// count on, in the store and in this replica's deny cache. 200 `{"reset": N}`.
+async fn reset_counters(State(admin): State<Admin>, body: Bytes) -> Response {
+    let request = match json::decode_request(&body) {
+        Ok(request) => request,
+        Err(error) => {
+            return (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response();
+        }
+    };
+    match admin.service.reset(request).await {
+        Ok(count) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            format!("{{\"reset\":{count}}}"),
+        )
+            .into_response(),
+        Err(service::Error::Request(error)) => {
+            (StatusCode::BAD_REQUEST, format!("bad request: {error}\n")).into_response()
+        }
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response(),
     }
 }
 

@@ -104,6 +104,18 @@ impl DenyCache {
         Some(outcomes)
     }
 
+    /// Drops what it knows of these counters.
+    pub fn forget(&self, keys: &[CounterKey]) {
+        let Some(entries) = &self.entries else {
+            return;
+        };
+        let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
+        for key in keys {
+            entries.pop(key);
+        }
+        self.held.store(entries.len(), Ordering::Release);
+    }
+
     /// Learns from a store answer: denied counters are remembered until their retry time,
     /// allowed ones forgotten. A counter named twice in the request is only forgotten: its
     /// later denial may have been decided on hits the veto then gave back.
@@ -195,6 +207,12 @@ impl CounterStore for DenyCached {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+
+    /// Forgets the cached denials first: this replica answers from the store at once.
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        self.cache.forget(keys);
+        self.inner.forget(keys).await
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
 
+use super::keys::CounterKey;
 use super::{CounterStore, Hit, StoreError};
 use crate::algorithm::Outcome;
 
@@ -108,6 +109,11 @@ impl CounterStore for Guarded {
     /// Health probes bypass the breaker: they are how readiness finds the store back.
     async fn ping(&self) -> Result<(), StoreError> {
         self.within_deadline(self.inner.ping()).await
+    }
+
+    /// An operator's reset bypasses the breaker too, and is not timed as a decision.
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        self.within_deadline(self.inner.forget(keys)).await
     }
 }
 

@@ -411,6 +411,17 @@ impl CounterStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        for key in keys {
+            let digest = self.digest(key);
+            let mut shard = lock(&self.shards[Self::shard_of(digest)]);
+            if shard.counters.swap_remove(&digest).is_some() {
+                self.keys_metric.dec();
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

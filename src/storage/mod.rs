@@ -104,6 +104,15 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Answers when the store can serve; drives readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Forgets these counters (an operator's reset, `POST /reset`): they start afresh. Not on
+    /// the request path; a store that cannot do it says so.
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        let _ = keys;
+        Err(StoreError::Refused(
+            "this store cannot reset counters".into(),
+        ))
+    }
 }
 
 /// How the stores behave: one set of options for every store and the layers around them.

@@ -33,6 +33,7 @@ pub use url::{RedisSpec, SpecError};
 
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::Micros;
+use crate::storage::keys::CounterKey;
 use crate::storage::{CounterStore, Hit, StoreError, StoreOptions, vetoed};
 
 pub struct RedisStore {
@@ -409,5 +410,18 @@ impl CounterStore for RedisStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.connection()?.ping().await
+    }
+
+    /// One DEL per counter, all at once: on a cluster each is routed by its key.
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        let connection = self.connection()?;
+        let deletes = keys.iter().map(|key| {
+            let command = redis::cmd("DEL").arg(key.as_str()).to_owned();
+            async move { connection.query::<i64>(&command).await }
+        });
+        for result in futures_util::future::join_all(deletes).await {
+            result?;
+        }
+        Ok(())
     }
 }

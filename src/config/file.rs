@@ -28,7 +28,7 @@ pub fn parse(file: &Path, text: &str) -> Result<DomainRules, ConfigError> {
             return Err(ConfigError::at(file, 1, "domain".into(), reason));
         }
     };
-    let builder = Builder { file };
+    let builder = Builder::new(file);
     let root = builder.level(&raw.descriptors, &format!("domain {domain:?}"), &domain)?;
     Ok(DomainRules { name: domain, root })
 }

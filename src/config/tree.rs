@@ -1,6 +1,8 @@
 //! Raw descriptors → the compiled lookup tree of `rules`, checking keys, values, duplicates and
 //! metadata; the limits themselves are built by `limits`.
 
+use std::cell::RefCell;
+use std::collections::HashSet;
 use std::path::Path;
 
 use serde_saphyr::Spanned;
@@ -12,10 +14,36 @@ use crate::rules::{Level, Node, Rule, Selector};
 
 /// Builds the levels of one file.
 pub(super) struct Builder<'a> {
-    pub(super) file: &'a Path,
+    file: &'a Path,
+    /// The stats paths given to rules so far (the metrics' `limit` label).
+    paths: RefCell<HashSet<String>>,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    pub(super) fn new(file: &'a Path) -> Self {
+        Self {
+            file,
+            paths: RefCell::default(),
+        }
+    }
+
+    /// `stats`, or, when another rule of the file already has it (key `a_b` and key `a` with
+    /// value `b` are both `d.a_b` in the reference's notation), `stats~2`, `stats~3`…: two
+    /// rules never count under one metrics label.
+    fn unique_path(&self, stats: &str) -> String {
+        let mut paths = self.paths.borrow_mut();
+        if paths.insert(stats.to_owned()) {
+            return stats.to_owned();
+        }
+        let unique = (2u32..)
+            .map(|n| format!("{stats}~{n}"))
+            .find(|candidate| !paths.contains(candidate))
+            .unwrap_or_else(|| stats.to_owned());
+        paths.insert(unique.clone());
+        tracing::warn!(file = %self.file.display(), path = stats, label = %unique, "two rules share a stats path; the later one is labelled apart");
+        unique
+    }
+
     fn error(&self, line: u64, path: String, reason: impl Into<String>) -> ConfigError {
         ConfigError::at(self.file, line, path, reason)
     }
@@ -110,7 +138,7 @@ impl Builder<'_> {
             quota_mode: raw.quota_mode,
             detailed_metric: raw.detailed_metric,
             metadata,
-            path: stats.to_owned(),
+            path: self.unique_path(stats),
             counters: Default::default(),
         }))
     }

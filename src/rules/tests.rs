@@ -282,6 +282,23 @@ descriptors:
 }
 
 #[test]
+fn two_rules_whose_stats_paths_coincide_get_distinct_labels() {
+    let d = rules(
+        r#"
+domain: d
+descriptors:
+  - key: a_b
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: a
+    value: b
+    rate_limit: {unit: second, requests_per_unit: 2}
+"#,
+    );
+    expect(&d, &[("a_b", "anything")], Some(("1/second", "d.a_b")));
+    expect(&d, &[("a", "b")], Some(("2/second", "d.a_b~2")));
+}
+
+#[test]
 fn pattern_pieces_do_not_overlap() {
     let pattern = super::Pattern::new("ab*ba");
     assert!(!pattern.matches("aba"));

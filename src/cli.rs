@@ -83,103 +83,148 @@ pub struct HealthArgs {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Directory of YAML rule files (one domain per file).
-    #[arg(long, env = "TOLLGATE_CONFIG")]
+    #[arg(long, env = "TOLLGATE_CONFIG", help_heading = "Rules")]
     pub config: PathBuf,
 
     /// Poll the config directory this often instead of watching it for file events (for
     /// filesystems without inotify, such as some network mounts).
-    #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = positive_duration)]
+    #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = positive_duration, help_heading = "Rules")]
     pub config_poll: Option<Duration>,
 
     /// gRPC listen address (RLS v3 and gRPC health).
-    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    #[arg(
+        long,
+        env = "TOLLGATE_GRPC_ADDR",
+        default_value = "0.0.0.0:8081",
+        help_heading = "Listeners and TLS"
+    )]
     pub grpc_addr: SocketAddr,
 
     /// PEM certificate chain for TLS on the gRPC listener (with --tls-key).
-    #[arg(long, env = "TOLLGATE_TLS_CERT", requires = "tls_key")]
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_CERT",
+        requires = "tls_key",
+        help_heading = "Listeners and TLS"
+    )]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM private key for --tls-cert.
-    #[arg(long, env = "TOLLGATE_TLS_KEY", requires = "tls_cert")]
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_KEY",
+        requires = "tls_cert",
+        help_heading = "Listeners and TLS"
+    )]
     pub tls_key: Option<PathBuf>,
 
     /// PEM CA certificates: require clients to present a certificate signed by one (mutual
     /// TLS). Needs --tls-cert.
-    #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_CLIENT_CA",
+        requires = "tls_cert",
+        help_heading = "Listeners and TLS"
+    )]
     pub tls_client_ca: Option<PathBuf>,
 
     /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
-    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "TOLLGATE_HTTP_ADDR",
+        default_value = "0.0.0.0:8080",
+        help_heading = "Listeners and TLS"
+    )]
     pub http_addr: SocketAddr,
 
     /// Counter store: `memory` (in-process), `redis://[user:pass@]host:port[/db]`,
     /// `rediss://…` (TLS), `redis-cluster://[user:pass@]host:port,host:port,…` or
     /// `rediss-cluster://…`.
-    #[arg(long, env = "TOLLGATE_STORE", default_value = "memory")]
+    #[arg(
+        long,
+        env = "TOLLGATE_STORE",
+        default_value = "memory",
+        help_heading = "Store"
+    )]
     pub store: String,
 
     /// File holding the Redis password (overrides one in the URL); a trailing newline is
     /// ignored.
-    #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE")]
+    #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE", help_heading = "Store")]
     pub redis_password_file: Option<PathBuf>,
 
     /// Longest wait for one Redis call (never longer than the client's gRPC deadline).
-    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration, help_heading = "Store")]
     pub store_timeout: Duration,
 
     /// Counters a Redis store remembers as denied, to answer them locally until their retry
     /// time (0: off).
-    #[arg(long, env = "TOLLGATE_DENY_CACHE_SIZE", default_value_t = 100_000)]
+    #[arg(
+        long,
+        env = "TOLLGATE_DENY_CACHE_SIZE",
+        default_value_t = 100_000,
+        help_heading = "Store"
+    )]
     pub deny_cache_size: usize,
 
     /// Longest a cached denial is answered locally before the store is asked again: bounds
     /// how long a replica keeps denying a counter that was reset in the store.
-    #[arg(long, env = "TOLLGATE_DENY_CACHE_MAX_TTL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_DENY_CACHE_MAX_TTL", default_value = "1s", value_parser = humantime::parse_duration, help_heading = "Store")]
     pub deny_cache_max_ttl: Duration,
 
     /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
     /// over. One keeps a single-threaded Redis busy; with Redis `io-threads N`, use N, since
     /// Redis spreads connections, not calls, over its threads.
-    #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), help_heading = "Store")]
     pub redis_connections: u16,
 
     /// Most counters the memory store keeps; beyond it the least recently used are evicted.
-    #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
+    #[arg(
+        long,
+        env = "TOLLGATE_MEMORY_MAX_KEYS",
+        default_value_t = 1_000_000,
+        help_heading = "Store"
+    )]
     pub memory_max_keys: usize,
 
     /// Count hits on every descriptor even when the request is rejected (the reference's
     /// behaviour). By default a rejected request consumes nothing.
-    #[arg(long, env = "TOLLGATE_COUNT_DENIED")]
+    #[arg(long, env = "TOLLGATE_COUNT_DENIED", help_heading = "Store")]
     pub count_denied: bool,
 
     /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
-    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio)]
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = ratio, help_heading = "Metrics")]
     pub near_limit_ratio: f64,
 
     /// Most label sets with client values (`detailed_metric`, `value_to_metric`) in the
     /// per-limit metrics; beyond it, hits count under the rule's plain path.
-    #[arg(long, env = "TOLLGATE_METRICS_MAX_DETAILED", default_value_t = 1_000)]
+    #[arg(
+        long,
+        env = "TOLLGATE_METRICS_MAX_DETAILED",
+        default_value_t = 1_000,
+        help_heading = "Metrics"
+    )]
     pub metrics_max_detailed: usize,
 
     /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
-    #[arg(long, env = "TOLLGATE_SHADOW_MODE")]
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE", help_heading = "Decisions")]
     pub shadow_mode: bool,
 
     #[command(flatten)]
     pub service: ServiceOptions,
 
     /// Time health reports NOT_SERVING before the listeners close on shutdown.
-    #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration, help_heading = "Shutdown")]
     pub shutdown_delay: Duration,
 
     /// Longest wait for in-flight calls to finish on shutdown.
-    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, help_heading = "Shutdown")]
     pub drain_timeout: Duration,
 
     /// How gRPC connections are spread over cores: multi-thread (tokio's work-stealing
     /// runtime) or per-core (one single-threaded runtime per core, each serving the
     /// connections dealt to it in turn; not with TLS). See docs/performance.md.
-    #[arg(long, env = "TOLLGATE_RUNTIME", value_enum, default_value_t = Flavor::default())]
+    #[arg(long, env = "TOLLGATE_RUNTIME", value_enum, default_value_t = Flavor::default(), help_heading = "Runtime")]
     pub runtime: Flavor,
 }
 
@@ -374,6 +419,24 @@ mod tests {
         // Clashing names or groups panic here rather than when a user runs the command.
         use clap::CommandFactory as _;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_help_groups_its_flags_by_topic() {
+        use clap::CommandFactory as _;
+        let mut command = Cli::command();
+        let serve = command.find_subcommand_mut("serve").unwrap();
+        let help = serve.render_long_help().to_string();
+        for heading in [
+            "Rules:",
+            "Listeners and TLS:",
+            "Store:",
+            "Responses and load shedding:",
+            "Input bounds:",
+            "Shutdown:",
+        ] {
+            assert!(help.contains(heading), "no {heading} in\n{help}");
+        }
     }
 
     #[test]

@@ -52,38 +52,42 @@ pub enum StoreErrorHeader {
 /// into its arguments), so a new response option is one field here and its use below.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ServiceOptions {
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = "Input bounds")]
     pub input_limits: InputLimits,
 
     /// What a request gets when the store fails: UNAVAILABLE (Envoy's failure_mode_deny
     /// decides), OK, or OVER_LIMIT.
-    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable)]
+    #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable, help_heading = "Responses and load shedding")]
     pub on_store_error: OnStoreError,
 
     /// Rate-limit headers to add to every response with a limit: `off`, `draft03`
     /// (X-RateLimit-*, as Envoy's own), `ietf` (RateLimit-Policy and RateLimit) or `legacy`
     /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.
-    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off)]
+    #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off, help_heading = "Responses and load shedding")]
     pub response_headers: HeaderMode,
 
     /// Where the `x-tollgate-store-error` header marking an answer given without the store
     /// goes: `upstream` (to the service behind Envoy only), `response` (to the client too) or
     /// `off`.
-    #[arg(long, env = "TOLLGATE_STORE_ERROR_HEADER", value_enum, default_value_t = StoreErrorHeader::Upstream)]
+    #[arg(long, env = "TOLLGATE_STORE_ERROR_HEADER", value_enum, default_value_t = StoreErrorHeader::Upstream, help_heading = "Responses and load shedding")]
     pub store_error_header: StoreErrorHeader,
 
     /// Add dynamic metadata to responses (domain, descriptors, hits_addend and the matched
     /// rules' `metadata`), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA.
-    #[arg(long, env = "TOLLGATE_DYNAMIC_METADATA")]
+    #[arg(
+        long,
+        env = "TOLLGATE_DYNAMIC_METADATA",
+        help_heading = "Responses and load shedding"
+    )]
     pub dynamic_metadata: bool,
 
     /// Decisions in flight at once; beyond, a request waits up to --max-queue-time for a slot,
     /// then gets RESOURCE_EXHAUSTED (load shedding).
-    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = ServiceOptions::DEFAULT.max_in_flight)]
+    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = ServiceOptions::DEFAULT.max_in_flight, help_heading = "Responses and load shedding")]
     pub max_in_flight: usize,
 
     /// Longest wait for a decision slot when --max-in-flight are busy.
-    #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration, help_heading = "Responses and load shedding")]
     pub max_queue_time: Duration,
 }
 

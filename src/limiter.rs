@@ -379,7 +379,12 @@ fn status(resolved: Resolved<'_>, outcomes: &[Outcome]) -> DescriptorStatus {
             DescriptorStatus::Limited {
                 code,
                 limit: limits[index].clone(),
-                remaining: outcome.remaining,
+                // A denied limit's `remaining` is the room it found; the wire says 0.
+                remaining: if outcome.allowed {
+                    outcome.remaining
+                } else {
+                    0
+                },
                 until_reset: if outcome.allowed {
                     outcome.reset_after
                 } else {

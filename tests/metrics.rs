@@ -201,3 +201,39 @@ async fn build_process_and_config_load_metrics_are_exported() {
     assert!(now - 3_600.0 < started && started <= now, "{started}");
     assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
 }
+
+#[tokio::test]
+async fn a_request_partly_over_splits_its_hits_into_near_and_over_as_the_reference_does() {
+    const SPLIT: &str = r#"
+domain: m
+descriptors:
+  - key: p
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: q
+    rate_limit: {unit: minute, requests_per_unit: 20}
+"#;
+    let server = start(&[("m.yaml", SPLIT)]).await;
+    let hits = |key: &'static str, hits: u32| {
+        let mut request = request("m", &[&[(key, "v")]]);
+        request.hits_addend = hits;
+        request
+    };
+    // p: 19, then 3 more (room for 1): 2 over; near past 16: 17, 18, 19, then the 20th.
+    server.ok(hits("p", 19)).await;
+    assert_eq!(server.ok(hits("p", 3)).await.overall_code, 2);
+    // q: 15, then 7 more (room for 5): 2 over; near: 17 to 20.
+    server.ok(hits("q", 15)).await;
+    assert_eq!(server.ok(hits("q", 7)).await.overall_code, 2);
+    let text = server.http("GET", "/metrics", "").await.1;
+    let counts = |path: &str| {
+        [
+            "tollgate_total_hits_total",
+            "tollgate_within_limit_total",
+            "tollgate_over_limit_total",
+            "tollgate_near_limit_total",
+        ]
+        .map(|name| sample(&text, name, path))
+    };
+    assert_eq!(counts("m.p"), [22, 19, 2, 4]);
+    assert_eq!(counts("m.q"), [22, 15, 2, 4]);
+}

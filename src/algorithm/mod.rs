@@ -326,6 +326,7 @@ pub fn decide(
 ) -> Transition {
     // Algorithms count in ticks (see `Params::tick`); times go in and come out in µs. A tick
     // count is rounded down and a duration up, so a client is never told to come back early.
+    let previous_state = state;
     let (tick, w) = params.in_ticks();
     let n = params.requests;
     let now_in_ticks = now / tick;
@@ -349,11 +350,18 @@ pub fn decide(
         Algorithm::TokenBucket { burst } => run!(TokenBucket, token_bucket(burst)),
         Algorithm::Gcra { burst } => run!(Gcra, gcra(burst)),
     };
-    let outcome = Outcome {
+    let mut outcome = Outcome {
         reset_after: in_ticks.reset_after.saturating_mul(tick),
         retry_after: in_ticks.retry_after.saturating_mul(tick),
         ..in_ticks
     };
+    // A denied call reports the room it found (what a check finds now), fewer hits than it
+    // asked for: the metrics split its hits into near and over by it (see `Outcome`).
+    if !outcome.allowed && hits > 0 {
+        outcome.remaining = decide(params, previous_state, now, 0, charge)
+            .outcome
+            .remaining;
+    }
     Transition {
         expires_at: now.saturating_add(outcome.reset_after),
         outcome,

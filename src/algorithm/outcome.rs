@@ -26,7 +26,9 @@ impl Charge {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Outcome {
     pub allowed: bool,
-    /// Hits still admissible right now, after this call.
+    /// Hits still admissible right now, after this call. For a denied call (from
+    /// `algorithm::decide` and the stores), the room it found: fewer hits than it asked for,
+    /// which the metrics split by; the wire reports 0 for it, as the reference does.
     pub remaining: u64,
     /// Time until the full limit is available again.
     pub reset_after: Micros,

@@ -75,6 +75,7 @@ pub struct LimitHit<'a> {
     pub held: Option<&'a HeldCounters>,
     pub hits: u64,
     pub limit: u64,
+    /// After the call; for a denied one, the room it found (see `algorithm::Outcome`).
     pub remaining: u64,
     pub allowed: bool,
     pub shadow: bool,
@@ -282,11 +283,31 @@ impl Metrics {
                 counters.add(&counters.near_limit, &per.near_limit, near);
             }
         } else {
-            counters.add(&counters.over_limit, &per.over_limit, hit.hits);
+            // As the reference splits a request that goes partly over: the hits past the
+            // room the limit had are over, those within it count as near where past the
+            // threshold (limit 20, count 19, 3 hits: 2 over, 1 near).
+            let room = if hit.remaining < hit.hits {
+                hit.remaining
+            } else {
+                0
+            };
+            let over = hit.hits - room;
+            counters.add(&counters.over_limit, &per.over_limit, over);
+            let near = self.near_of_room(hit.limit, room);
+            if near > 0 {
+                counters.add(&counters.near_limit, &per.near_limit, near);
+            }
             if hit.shadow {
-                counters.add(&counters.shadow_mode, &per.shadow_mode, hit.hits);
+                counters.add(&counters.shadow_mode, &per.shadow_mode, over);
             }
         }
+    }
+
+    /// Of the last `room` hits of `limit`, how many are past the near-limit threshold.
+    fn near_of_room(&self, limit: u64, room: u64) -> u64 {
+        let threshold = (limit as f64 * self.near_limit_ratio).floor() as u64;
+        let before = limit.saturating_sub(room);
+        limit.saturating_sub(before.max(threshold))
     }
 
     /// The counters of a rule's plain path.

@@ -39,6 +39,8 @@ struct Denied {
     /// When the counter is fully available again.
     reset_at: Micros,
     need: u64,
+    /// The room the store found (fewer than `need`), answered again as found.
+    room: u64,
 }
 
 pub struct DenyCache {
@@ -92,7 +94,7 @@ impl DenyCache {
             }
             outcomes.push(Outcome {
                 allowed: false,
-                remaining: 0,
+                remaining: denied.room,
                 reset_after: denied.reset_at.saturating_sub(now),
                 retry_after: denied.until - now,
             });
@@ -147,6 +149,7 @@ impl DenyCache {
                     trusted_until: now.saturating_add(outcome.retry_after.min(self.max_ttl)),
                     reset_at: now.saturating_add(outcome.reset_after),
                     need: hit.hits.max(1),
+                    room: outcome.remaining,
                 };
                 entries.put(hit.key.clone(), denied);
             }

@@ -20,7 +20,8 @@
 --           (Refund::IfUnchanged) the two numbers the apply call reported for the counter;
 --           otherwise "" "" (refund whatever happened since).
 -- then      when KEYS is empty: the n counters, in hit order.
--- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining,
+-- Returns   {now µs, committed (1|0), then 6 per hit: allowed (1|0), remaining (when denied:
+--           the room found),
 --           reset_after µs, retry_after µs, and the first two numbers of the counter's state
 --           after the call (-1 when it has none), which a refund checks.
 -- State     one string per counter, its numbers separated by spaces; expires once the limit
@@ -117,12 +118,19 @@ local function ttl_ms(reset_after)
 end
 
 -- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
--- retry_after µs (as algorithm::decide).
+-- retry_after µs (as algorithm::decide: a denied call's remaining is the room it found,
+-- what a check finds now).
 local function decide_hit(i, state, at, hits)
   local tick = ticks[i]
   local window = math.max(idiv(windows[i], tick), 1)
+  local algorithm = algorithms[i]
+  local now_ticks = idiv(at, tick)
   local new_state, allowed, remaining, reset_after, retry_after =
-    algorithms[i].decide(state or nil, idiv(at, tick), requests[i], window, parameters[i], hits, charge)
+    algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], hits, charge)
+  if not allowed and hits > 0 then
+    local _, _, room = algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], 0, charge)
+    remaining = room
+  end
   return new_state, allowed, remaining, reset_after * tick, retry_after * tick
 end
 

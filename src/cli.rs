@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 use crate::algorithm::Charge;
@@ -189,7 +190,7 @@ pub struct ServeArgs {
 
     /// Count hits on every descriptor even when the request is rejected (the reference's
     /// behaviour). By default a rejected request consumes nothing.
-    #[arg(long, env = "TOLLGATE_COUNT_DENIED", help_heading = "Store")]
+    #[arg(long, env = "TOLLGATE_COUNT_DENIED", help_heading = "Store", value_parser = BoolishValueParser::new())]
     pub count_denied: bool,
 
     /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
@@ -207,7 +208,7 @@ pub struct ServeArgs {
     pub metrics_max_detailed: usize,
 
     /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
-    #[arg(long, env = "TOLLGATE_SHADOW_MODE", help_heading = "Decisions")]
+    #[arg(long, env = "TOLLGATE_SHADOW_MODE", help_heading = "Decisions", value_parser = BoolishValueParser::new())]
     pub shadow_mode: bool,
 
     #[command(flatten)]
@@ -278,7 +279,7 @@ pub struct QueryArgs {
 
     /// Print the response as the reference's JSON (as `POST /json` answers) instead of one
     /// line per descriptor.
-    #[arg(long, env = "TOLLGATE_QUERY_JSON")]
+    #[arg(long, env = "TOLLGATE_QUERY_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
 }
 

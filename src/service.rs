@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::builder::BoolishValueParser;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -77,7 +78,8 @@ pub struct ServiceOptions {
     #[arg(
         long,
         env = "TOLLGATE_DYNAMIC_METADATA",
-        help_heading = "Responses and load shedding"
+        help_heading = "Responses and load shedding",
+        value_parser = BoolishValueParser::new()
     )]
     pub dynamic_metadata: bool,
 

@@ -351,3 +351,39 @@ async fn bench_open_loop_reports_server_cpu_and_memory() {
         "{report}"
     );
 }
+
+#[test]
+fn booleans_from_the_environment_take_1_0_true_false() {
+    // Nothing listens on the port: a value clap accepts gets as far as connecting (exit 2);
+    // one it refuses stops at parsing, naming the flag.
+    let port = free_port();
+    for (value, accepted) in [
+        ("1", true),
+        ("0", true),
+        ("true", true),
+        ("false", true),
+        ("maybe", false),
+    ] {
+        let output = tollgate_bin()
+            .args([
+                "query",
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--domain",
+                "d",
+            ])
+            .args(["--descriptor", "k=v"])
+            .env("TOLLGATE_QUERY_JSON", value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if accepted {
+            assert!(stderr.contains("cannot connect"), "{value}: {stderr}");
+        } else {
+            assert!(
+                stderr.contains("invalid value 'maybe' for '--json'"),
+                "{stderr}"
+            );
+        }
+    }
+}

@@ -161,3 +161,31 @@ fn the_sidecar_envoy_config_passes_envoy_validate() {
 fn the_dockerfile_passes_hadolint() {
     run(Command::new(tool("hadolint")).arg("deploy/docker/Dockerfile"));
 }
+
+#[test]
+fn tollgate_containers_log_json_and_probe_readiness_over_plain_http() {
+    for path in [
+        "deploy/k8s/deployment.yaml",
+        "deploy/k8s/sidecar/deployment.yaml",
+    ] {
+        let manifest = parse(Path::new(path));
+        let containers = manifest["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap();
+        let tollgate = containers
+            .iter()
+            .find(|c| c["name"] == "tollgate")
+            .unwrap_or_else(|| panic!("{path}: no tollgate container"));
+        let env = tollgate["env"].as_array().unwrap();
+        assert!(
+            env.iter()
+                .any(|v| v["name"] == "TOLLGATE_LOG_FORMAT" && v["value"] == "json"),
+            "{path}: logs are not JSON"
+        );
+        // The kubelet's gRPC probe cannot speak TLS; /readyz works whatever the listener's.
+        assert_eq!(
+            tollgate["readinessProbe"]["httpGet"]["path"], "/readyz",
+            "{path}"
+        );
+    }
+}

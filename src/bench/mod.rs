@@ -12,6 +12,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use clap::builder::BoolishValueParser;
 use hdrhistogram::Histogram;
 use prost::bytes::Bytes;
 use serde::Serialize;
@@ -77,7 +78,7 @@ pub struct BenchArgs {
     pub server_pid: Option<u32>,
 
     /// Print the report as JSON.
-    #[arg(long, env = "TOLLGATE_BENCH_JSON")]
+    #[arg(long, env = "TOLLGATE_BENCH_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
 }
 

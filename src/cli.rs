@@ -16,6 +16,8 @@ pub use crate::bench::BenchArgs;
 use crate::client::ClientArgs;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
+use crate::pb;
+use crate::query::{QueryError, parse_descriptor};
 use crate::reload::ReloadOptions;
 use crate::runtime::Flavor;
 use crate::server::Options;
@@ -259,19 +261,8 @@ pub struct QueryArgs {
     #[command(flatten)]
     pub server: ClientArgs,
 
-    /// Rate-limit domain.
-    #[arg(long, env = "TOLLGATE_DOMAIN")]
-    pub domain: String,
-
-    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors (in the
-    /// environment, separate them with `;`).
-    #[arg(
-        long = "descriptor",
-        env = "TOLLGATE_DESCRIPTOR",
-        value_delimiter = ';',
-        required = true
-    )]
-    pub descriptors: Vec<String>,
+    #[command(flatten)]
+    pub request: DescriptorArgs,
 
     /// Request-level hits_addend (0 means 1).
     #[arg(long, env = "TOLLGATE_HITS", default_value_t = 0)]
@@ -289,11 +280,19 @@ pub struct ResetArgs {
     #[arg(long, env = "TOLLGATE_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: String,
 
+    #[command(flatten)]
+    pub request: DescriptorArgs,
+}
+
+/// The domain and descriptors that `query` asks about and `reset` resets.
+#[derive(Debug, Args)]
+pub struct DescriptorArgs {
     /// Rate-limit domain.
     #[arg(long, env = "TOLLGATE_DOMAIN")]
     pub domain: String,
 
-    /// A descriptor as `key=value[,key=value...]`, as `query` takes it; repeat for several.
+    /// A descriptor as `key=value[,key=value...]`; repeat for several descriptors (in the
+    /// environment, separate them with `;`).
     #[arg(
         long = "descriptor",
         env = "TOLLGATE_DESCRIPTOR",
@@ -301,6 +300,22 @@ pub struct ResetArgs {
         required = true
     )]
     pub descriptors: Vec<String>,
+}
+
+impl DescriptorArgs {
+    /// The request they name, with `hits_addend`.
+    pub fn request(&self, hits_addend: u32) -> Result<pb::RateLimitRequest, QueryError> {
+        let descriptors = self
+            .descriptors
+            .iter()
+            .map(|d| parse_descriptor(d))
+            .collect::<Result<_, _>>()?;
+        Ok(pb::RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors,
+            hits_addend,
+        })
+    }
 }
 
 /// A duration above zero.
@@ -540,6 +555,6 @@ mod tests {
         let Command::Query(args) = cli.command else {
             panic!("expected query");
         };
-        assert_eq!(args.descriptors, ["user=alice", "user=bob,path=/x"]);
+        assert_eq!(args.request.descriptors, ["user=alice", "user=bob,path=/x"]);
     }
 }

@@ -60,16 +60,7 @@ fn check(dir: &std::path::Path) -> ExitCode {
 }
 
 async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
-    let descriptors = args
-        .descriptors
-        .iter()
-        .map(|d| query::parse_descriptor(d))
-        .collect::<Result<_, _>>()?;
-    let request = pb::RateLimitRequest {
-        domain: args.domain,
-        descriptors,
-        hits_addend: args.hits,
-    };
+    let request = args.request.request(args.hits)?;
     let response = query::call(&args.server, request.clone()).await?;
     if args.json {
         println!("{}", tollgate::admin::json::encode_response(&response));
@@ -86,16 +77,7 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
-    let descriptors = args
-        .descriptors
-        .iter()
-        .map(|d| query::parse_descriptor(d))
-        .collect::<Result<_, _>>()?;
-    let request = pb::RateLimitRequest {
-        domain: args.domain,
-        descriptors,
-        hits_addend: 0,
-    };
+    let request = args.request.request(0)?;
     println!("{}", query::reset(&args.admin_addr, &request).await?);
     Ok(ExitCode::SUCCESS)
 }

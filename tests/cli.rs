@@ -262,17 +262,12 @@ fn query_takes_an_address_without_a_scheme() {
     );
 }
 
-#[test]
-fn log_format_json_writes_one_json_object_per_line() {
+/// The first log line of `tollgate serve` on examples/config with `flags`, its stderr a pipe.
+fn first_log_line(flags: &[&str]) -> String {
     use std::io::BufRead;
     let mut child = tollgate_bin()
-        .args([
-            "serve",
-            "--config",
-            "examples/config",
-            "--log-format",
-            "json",
-        ])
+        .args(["serve", "--config", "examples/config"])
+        .args(flags)
         .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
         .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
         .stderr(std::process::Stdio::piped())
@@ -284,6 +279,12 @@ fn log_format_json_writes_one_json_object_per_line() {
         .unwrap();
     let _ = child.kill();
     let _ = child.wait();
+    line
+}
+
+#[test]
+fn log_format_json_writes_one_json_object_per_line() {
+    let line = first_log_line(&["--log-format", "json"]);
     let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["level"], "INFO", "{line}");
     assert_eq!(entry["fields"]["message"], "listening", "{line}");
@@ -291,20 +292,7 @@ fn log_format_json_writes_one_json_object_per_line() {
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
-    use std::io::BufRead;
-    let mut child = tollgate_bin()
-        .args(["serve", "--config", "examples/config"])
-        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
-        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stderr.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
+    let line = first_log_line(&[]);
     assert!(
         line.contains(" INFO ") && line.contains("listening"),
         "{line:?}"

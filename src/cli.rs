@@ -141,6 +141,7 @@ pub struct ServeArgs {
     pub http_addr: SocketAddr,
 
     /// Counter store: `memory` (in-process), `redis://[user:pass@]host:port[/db]`,
+    /// `unix:///path/redis.sock[?db=N&pass=P]` (Redis on a Unix socket),
     /// `rediss://…` (TLS), `redis-cluster://[user:pass@]host:port,host:port,…` or
     /// `rediss-cluster://…`.
     #[arg(
@@ -340,7 +341,7 @@ fn ratio(text: &str) -> Result<f64, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `redis-cluster://…` or `rediss-cluster://…`"
+        "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…` or `rediss-cluster://…`"
     )]
     UnsupportedStore(String),
     #[error(transparent)]
@@ -518,7 +519,7 @@ mod tests {
         assert_eq!(args.drain_timeout, Duration::from_secs(2));
         assert_eq!(
             args.store_spec().unwrap_err().to_string(),
-            "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `redis-cluster://…` or `rediss-cluster://…`"
+            "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…` or `rediss-cluster://…`"
         );
     }
 

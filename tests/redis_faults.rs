@@ -374,3 +374,20 @@ async fn a_counter_reset_in_redis_is_honoured_once_the_deny_cache_max_ttl_has_pa
         "the store is asked again and finds the counter reset"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_a_unix_socket_counts_as_over_tcp() {
+    let server = start_on(StoreKind::RedisSocket, &[("faults.yaml", LIMITS)]).await;
+    for remaining in (0..10).rev() {
+        assert_eq!(
+            server.ok(user("a")).await.statuses[0].limit_remaining,
+            remaining
+        );
+    }
+    assert_eq!(server.ok(user("a")).await.overall_code, OVER);
+    let Backing::Redis(redis) = &server.backing else {
+        panic!("a Redis test");
+    };
+    // The counter is in that Redis (reached over TCP here).
+    assert_eq!(redis.dbsize(), 1);
+}

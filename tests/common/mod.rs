@@ -32,6 +32,8 @@ pub enum StoreKind {
     Memory,
     /// A standalone redis-server started for the test.
     Redis,
+    /// The same, reached by its Unix socket.
+    RedisSocket,
     /// A 3-master Redis Cluster started for the test.
     Cluster,
     /// A 3-master, 3-replica Redis Cluster (for failover).
@@ -150,15 +152,13 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Ba
                 .start(),
             Backing::None,
         ),
-        StoreKind::Redis => {
+        StoreKind::Redis | StoreKind::RedisSocket => {
             let server = RedisServer::start();
-            let store = redis_store(
-                &server.url(),
-                setup.charge,
-                clock,
-                setup.store_timeout,
-                metrics,
-            );
+            let url = match setup.store {
+                StoreKind::RedisSocket => server.socket_url(),
+                _ => server.url(),
+            };
+            let store = redis_store(&url, setup.charge, clock, setup.store_timeout, metrics);
             (store, Backing::Redis(server))
         }
         StoreKind::Cluster | StoreKind::ReplicatedCluster => {

@@ -77,6 +77,13 @@ impl RedisServer {
             .arg(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        if !self.cluster {
+            // Also on a Unix socket, the reference's default way to reach Redis.
+            command
+                .arg("--unixsocket")
+                .arg(self.dir.join("redis.sock"))
+                .args(["--unixsocketperm", "700"]);
+        }
         if self.cluster {
             command.args([
                 "--cluster-enabled",
@@ -100,6 +107,11 @@ impl RedisServer {
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The same server by its Unix socket.
+    pub fn socket_url(&self) -> String {
+        format!("unix://{}", self.dir.join("redis.sock").display())
     }
 
     /// Kills the process (its data is gone: no persistence).

@@ -20,14 +20,19 @@ pub struct RedisSpec {
 pub struct SpecError(String);
 
 impl RedisSpec {
-    /// Parses `redis://…`, `rediss://…`, `redis-cluster://[user:pass@]h1:p1,h2:p2` or
-    /// `rediss-cluster://…`. `None`: not a Redis URL at all.
+    /// Parses `redis://…`, `rediss://…`, `unix:///path/redis.sock[?db=N&user=U&pass=P]` (also
+    /// spelled `redis+unix://`: a Unix socket, the reference's default socket type),
+    /// `redis-cluster://[user:pass@]h1:p1,h2:p2` or `rediss-cluster://…`. `None`: not a Redis
+    /// URL at all.
     pub fn parse(url: &str, password: Option<String>) -> Option<Result<Self, SpecError>> {
         let (cluster, scheme, rest) = if let Some(rest) = url.strip_prefix("redis-cluster://") {
             (true, "redis", rest)
         } else if let Some(rest) = url.strip_prefix("rediss-cluster://") {
             (true, "rediss", rest)
-        } else if url.starts_with("redis://") || url.starts_with("rediss://") {
+        } else if ["redis://", "rediss://", "unix://", "redis+unix://"]
+            .iter()
+            .any(|scheme| url.starts_with(scheme))
+        {
             return Some(Self::checked(false, vec![url.to_owned()], password));
         } else {
             return None;
@@ -149,6 +154,19 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn a_unix_socket_is_a_single_redis_by_path() {
+        let spec = parse("unix:///run/redis/redis.sock?db=2&pass=secret");
+        assert!(!spec.cluster);
+        assert_eq!(spec.to_string(), "redis /run/redis/redis.sock");
+        let infos = spec.connection_infos().unwrap();
+        assert_eq!(infos[0].redis_settings().password(), Some("secret"));
+        assert_eq!(
+            parse("redis+unix:///tmp/r.sock").to_string(),
+            "redis /tmp/r.sock"
+        );
     }
 
     #[test]

@@ -37,6 +37,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    for skipped in config::skipped_files(&args.config) {
+        tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
+    }
     let rules = config::load_dir(&args.config)?;
     let options = args.options();
     let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
@@ -47,6 +50,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn check(dir: &std::path::Path) -> ExitCode {
+    for skipped in config::skipped_files(dir) {
+        println!("{}: skipped: not a .yaml or .yml file", skipped.display());
+    }
     match config::load_dir(dir) {
         Ok(rules) => {
             println!("{}: ok, {} domain(s)", dir.display(), rules.domains().len());

@@ -47,6 +47,23 @@ fn check_takes_config_as_serve_does_and_a_single_file() {
 }
 
 #[test]
+fn check_lists_the_files_it_skips() {
+    let dir = config_dir(&[
+        ("api.yaml", "domain: api\n"),
+        ("limits.conf", "domain: forgotten\n"),
+    ]);
+    let output = run(&["check", dir.path().to_str().unwrap()]);
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!(
+            "{}: skipped: not a .yaml or .yml file\n{}: ok, 1 domain(s)\n",
+            dir.path().join("limits.conf").display(),
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
 fn check_prints_file_line_path_reason_and_exits_1() {
     let output = run(&["check", "tests/fixtures/config_errors/bad_unit"]);
     assert_eq!(output.status.code(), Some(1));

@@ -53,10 +53,23 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
 /// The config files under `dir`, recursively, sorted so that errors come in a stable order;
 /// or `dir` itself when it names a file.
 fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    Ok(listing(dir)?.0)
+}
+
+/// The files under `dir` that loading leaves out because their names do not end in `.yaml` or
+/// `.yml` (dot entries, such as a ConfigMap's `..data`, are left out silently: they are
+/// copies). For `tollgate check` and the start-up log, so that a rule file named without the
+/// extension is not skipped unnoticed.
+pub fn skipped_files(dir: &Path) -> Vec<PathBuf> {
+    listing(dir).map(|(_, skipped)| skipped).unwrap_or_default()
+}
+
+/// The YAML files under `dir`, recursively, and the other files, each sorted.
+fn listing(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
     if std::fs::metadata(dir).is_ok_and(|metadata| metadata.is_file()) {
-        return Ok(vec![dir.to_path_buf()]);
+        return Ok((vec![dir.to_path_buf()], Vec::new()));
     }
-    let mut files = Vec::new();
+    let (mut files, mut skipped) = (Vec::new(), Vec::new());
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {
         let listing = std::fs::read_dir(&current).map_err(|error| io_error(&current, &error))?;
@@ -72,11 +85,14 @@ fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
                 pending.push(path);
             } else if is_yaml(&path) {
                 files.push(path);
+            } else {
+                skipped.push(path);
             }
         }
     }
     files.sort();
-    Ok(files)
+    skipped.sort();
+    Ok((files, skipped))
 }
 
 fn is_yaml(path: &Path) -> bool {

@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::algorithm::Charge;
 pub use crate::bench::BenchArgs;
 use crate::client::ClientArgs;
+use crate::config::LoadOptions;
 use crate::limiter::Modes;
 use crate::metrics::Metrics;
 use crate::pb;
@@ -25,7 +26,7 @@ use crate::service::ServiceOptions;
 use crate::storage::StoreOptions;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
 use crate::storage::stack::StoreSpec;
-use crate::telemetry::LogFormat;
+use crate::telemetry::{LogFormat, TraceArgs, ratio};
 use crate::tls::TlsFiles;
 
 #[derive(Debug, Parser)]
@@ -50,6 +51,9 @@ pub struct Cli {
     /// Log lines as `text` or `json`.
     #[arg(long, global = true, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    #[command(flatten)]
+    pub trace: TraceArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -93,6 +97,25 @@ pub struct ServeArgs {
     /// filesystems without inotify, such as some network mounts).
     #[arg(long, env = "TOLLGATE_CONFIG_POLL", value_parser = positive_duration, help_heading = "Rules")]
     pub config_poll: Option<Duration>,
+
+    /// Read every file under --config, not only `*.yaml`/`*.yml` (as the reference does).
+    #[arg(long, env = "TOLLGATE_CONFIG_EVERY_FILE", help_heading = "Rules", value_parser = BoolishValueParser::new())]
+    pub config_every_file: bool,
+
+    /// Read dot files and dot directories under --config too (by default they are skipped:
+    /// editors' swap files, a ConfigMap volume's `..data` copies).
+    #[arg(long, env = "TOLLGATE_CONFIG_DOTFILES", help_heading = "Rules", value_parser = BoolishValueParser::new())]
+    pub config_dotfiles: bool,
+
+    /// Merge files that name the same domain (their descriptors must differ) instead of
+    /// refusing the second one (the reference's MERGE_DOMAIN_CONFIG).
+    #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", help_heading = "Rules", value_parser = BoolishValueParser::new())]
+    pub merge_domains: bool,
+
+    /// Report not ready (health NOT_SERVING, /readyz 503) while the rules name no domain (the
+    /// reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    #[arg(long, env = "TOLLGATE_READY_NEEDS_RULES", help_heading = "Rules", value_parser = BoolishValueParser::new())]
+    pub ready_needs_rules: bool,
 
     /// gRPC listen address (RLS v3 and gRPC health).
     #[arg(
@@ -214,6 +237,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_SHADOW_MODE", help_heading = "Decisions", value_parser = BoolishValueParser::new())]
     pub shadow_mode: bool,
 
+    /// Treat every rule as `quota_mode: true`: the request is over only when all its quota
+    /// descriptors are (the reference's QUOTA_MODE).
+    #[arg(long, env = "TOLLGATE_QUOTA_MODE", help_heading = "Decisions", value_parser = BoolishValueParser::new())]
+    pub quota_mode: bool,
+
     #[command(flatten)]
     pub service: ServiceOptions,
 
@@ -328,15 +356,6 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// A number from 0 to 1.
-fn ratio(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
-        Ok(_) => Err("must be between 0 and 1".into()),
-        Err(error) => Err(error.to_string()),
-    }
-}
-
 /// Why `serve`'s flags cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
@@ -388,6 +407,15 @@ impl ServeArgs {
         }
     }
 
+    /// Which config files are read, and how.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            every_file: self.config_every_file,
+            dotfiles: self.config_dotfiles,
+            merge_domains: self.merge_domains,
+        }
+    }
+
     pub fn charge(&self) -> Charge {
         if self.count_denied {
             Charge::Always
@@ -401,8 +429,10 @@ impl ServeArgs {
             service: self.service.clone(),
             modes: Modes {
                 global_shadow: self.shadow_mode,
+                global_quota: self.quota_mode,
             },
             shutdown_delay: self.shutdown_delay,
+            ready_needs_rules: self.ready_needs_rules,
             drain_timeout: self.drain_timeout,
             runtime: self.runtime,
             tls: self
@@ -417,6 +447,7 @@ impl ServeArgs {
             reload: Some(ReloadOptions {
                 dir: self.config.clone(),
                 poll: self.config_poll,
+                load: self.load_options(),
             }),
             metrics: Arc::new(Metrics::new(
                 self.near_limit_ratio,

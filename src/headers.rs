@@ -17,6 +17,10 @@ use crate::clock::whole_seconds_up;
 use crate::limit::Limit;
 use crate::limiter::{Code, Decision, DescriptorStatus};
 
+/// The `legacy` headers' names (renamed by `--legacy-header-names`).
+pub const LEGACY_HEADER_NAMES: [&str; 3] =
+    ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"];
+
 /// Which headers to add.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum HeaderMode {
@@ -109,11 +113,14 @@ pub fn headers(mode: HeaderMode, decision: &Decision) -> Vec<(&'static str, Stri
                 ("RateLimit", format!("\"{policy}\";r={remaining};t={reset}")),
             ]
         }
-        HeaderMode::Legacy => vec![
-            ("RateLimit-Limit", quota.to_string()),
-            ("RateLimit-Remaining", remaining.to_string()),
-            ("RateLimit-Reset", reset.to_string()),
-        ],
+        HeaderMode::Legacy => {
+            let [limit, remaining_name, reset_name] = LEGACY_HEADER_NAMES;
+            vec![
+                (limit, quota.to_string()),
+                (remaining_name, remaining.to_string()),
+                (reset_name, reset.to_string()),
+            ]
+        }
     };
     // Legacy mode is the reference's headers exactly, which include no `Retry-After`.
     if decision.overall == Code::OverLimit && mode != HeaderMode::Legacy {

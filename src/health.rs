@@ -11,10 +11,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use prometheus_client::metrics::gauge::Gauge;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::rules::RuleSet;
 use crate::storage::CounterStore;
 
 /// The gRPC health service names that reflect readiness: the server as a whole, the name the
@@ -34,6 +36,10 @@ pub struct Health {
     store_gates_readiness: bool,
     /// `tollgate_store_up`.
     store_up: Gauge,
+    /// `--ready-needs-rules`: the rules in force, which must name a domain for readiness.
+    rules: Option<Arc<ArcSwap<RuleSet>>>,
+    /// The readiness last published.
+    published: Arc<AtomicBool>,
 }
 
 impl Health {
@@ -49,14 +55,31 @@ impl Health {
             shutting_down: Arc::new(AtomicBool::new(false)),
             store_gates_readiness,
             store_up,
+            rules: None,
+            published: Arc::new(AtomicBool::new(false)),
         };
         health.publish().await;
         health
     }
 
+    /// Ready only while `rules` name at least one domain (checked at every probe).
+    pub async fn requiring_rules(mut self, rules: Arc<ArcSwap<RuleSet>>) -> Self {
+        self.rules = Some(rules);
+        self.publish().await;
+        self
+    }
+
     pub fn is_ready(&self) -> bool {
         (self.is_store_ok() || !self.store_gates_readiness)
+            && self.has_rules()
             && !self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Whether the rules satisfy readiness (always, unless `requiring_rules`).
+    fn has_rules(&self) -> bool {
+        self.rules
+            .as_ref()
+            .is_none_or(|rules| !rules.load().domains().is_empty())
     }
 
     /// Whether the store answered the latest probe.
@@ -68,17 +91,21 @@ impl Health {
         let changed = self.store_ok.swap(ok, Ordering::SeqCst) != ok;
         // After the state it reports: whoever reads the gauge finds readiness in step.
         self.store_up.set(i64::from(ok));
-        if !changed {
-            return;
-        }
-        match (ok, self.store_gates_readiness) {
-            (true, _) => tracing::info!("store answers; serving"),
-            (false, true) => tracing::warn!("store does not answer; not ready"),
-            (false, false) => {
-                tracing::warn!("store does not answer; still ready, answering by --on-store-error")
+        if changed {
+            match (ok, self.store_gates_readiness) {
+                (true, _) => tracing::info!("store answers"),
+                (false, true) => tracing::warn!("store does not answer; not ready"),
+                (false, false) => {
+                    tracing::warn!(
+                        "store does not answer; still ready, answering by --on-store-error"
+                    )
+                }
             }
         }
-        self.publish().await;
+        // Readiness may also have changed with the rules (a reload).
+        if self.published.load(Ordering::SeqCst) != self.is_ready() {
+            self.publish().await;
+        }
     }
 
     /// Flips to NOT_SERVING for good, so load balancers stop sending before the drain.
@@ -88,7 +115,12 @@ impl Health {
     }
 
     async fn publish(&self) {
-        let status = if self.is_ready() {
+        let ready = self.is_ready();
+        self.published.store(ready, Ordering::SeqCst);
+        if !self.has_rules() {
+            tracing::warn!("the rules name no domain; not ready (--ready-needs-rules)");
+        }
+        let status = if ready {
             ServingStatus::Serving
         } else {
             ServingStatus::NotServing

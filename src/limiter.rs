@@ -59,6 +59,9 @@ pub struct Decision {
 pub struct Modes {
     /// `--shadow-mode`: count and report as usual, but never answer OVER_LIMIT overall.
     pub global_shadow: bool,
+    /// `--quota-mode`: every rule's limits are quota limits (the reference's `QUOTA_MODE`);
+    /// shadow rules and per-request overrides keep their own role.
+    pub global_quota: bool,
 }
 
 pub struct RateLimiter {
@@ -221,7 +224,11 @@ impl RateLimiter {
                 let Policy::Limited(limits) = &rule.policy else {
                     return Resolved::Unlimited;
                 };
-                (limits.as_slice(), Some(rule), role_of(rule))
+                let role = match role_of(rule) {
+                    Role::Enforced if self.modes.global_quota => Role::Quota,
+                    role => role,
+                };
+                (limits.as_slice(), Some(rule), role)
             }
         };
         let role = if self.modes.global_shadow {

@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<ExitCode> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let _telemetry = telemetry::init(&cli.log_level, cli.log_format)?;
+    let _telemetry = telemetry::init(&cli.log_level, cli.log_format, &cli.trace)?;
     match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Check(args) => Ok(check(args.target())),
@@ -37,10 +37,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    for skipped in config::skipped_files(&args.config) {
+    for skipped in config::skipped_files(&args.config, args.load_options()) {
         tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
     }
-    let rules = config::load_dir(&args.config)?;
+    let rules = config::load(&args.config, args.load_options())?;
     let options = args.options();
     let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
     let listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
@@ -50,7 +50,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn check(dir: &std::path::Path) -> ExitCode {
-    for skipped in config::skipped_files(dir) {
+    for skipped in config::skipped_files(dir, config::LoadOptions::default()) {
         println!("{}: skipped: not a .yaml or .yml file", skipped.display());
     }
     match config::load_dir(dir) {

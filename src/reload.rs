@@ -55,6 +55,8 @@ pub struct ReloadOptions {
     pub dir: PathBuf,
     /// Poll this often instead of watching for events.
     pub poll: Option<Duration>,
+    /// Which files are read, and how.
+    pub load: config::LoadOptions,
 }
 
 /// Watches `options.dir` until the returned task is aborted (the watcher stops with it).
@@ -70,6 +72,7 @@ pub fn spawn(
         let reloader = Reloader {
             last_seen: 0,
             dir: options.dir,
+            load: options.load,
             rules,
             status,
             metrics,
@@ -83,6 +86,7 @@ pub fn spawn(
 
 struct Reloader {
     dir: PathBuf,
+    load: config::LoadOptions,
     rules: Arc<ArcSwap<RuleSet>>,
     status: Arc<ReloadStatus>,
     metrics: Arc<Metrics>,
@@ -141,11 +145,11 @@ impl Reloader {
     /// force.
     async fn reload_if_changed(&mut self) {
         loop {
-            let dir = self.dir.clone();
+            let (dir, load) = (self.dir.clone(), self.load);
             let attempt = tokio::task::spawn_blocking(move || {
-                let before = fingerprint(&dir);
-                let loaded = config::load_dir(&dir);
-                (before, loaded, fingerprint(&dir))
+                let before = fingerprint(&dir, load.dotfiles);
+                let loaded = config::load(&dir, load);
+                (before, loaded, fingerprint(&dir, load.dotfiles))
             })
             .await;
             let (before, loaded, after) = match attempt {
@@ -196,13 +200,13 @@ impl Reloader {
 
 /// A hash of the names and contents of the entries the loader would look at (following
 /// symlinks, skipping dot-entries as it does), so that unrelated events reload nothing.
-fn fingerprint(dir: &Path) -> u64 {
+fn fingerprint(dir: &Path, dotfiles: bool) -> u64 {
     let mut hasher = DefaultHasher::new();
-    hash_dir(dir, &mut hasher);
+    hash_dir(dir, &mut hasher, dotfiles);
     hasher.finish()
 }
 
-fn hash_dir(dir: &Path, hasher: &mut DefaultHasher) {
+fn hash_dir(dir: &Path, hasher: &mut DefaultHasher, dotfiles: bool) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -211,14 +215,14 @@ fn hash_dir(dir: &Path, hasher: &mut DefaultHasher) {
         .map(|entry| entry.path())
         .filter(|path| {
             path.file_name()
-                .is_some_and(|name| !name.to_string_lossy().starts_with('.'))
+                .is_some_and(|name| dotfiles || !name.to_string_lossy().starts_with('.'))
         })
         .collect();
     paths.sort();
     for path in paths {
         path.hash(hasher);
         if path.is_dir() {
-            hash_dir(&path, hasher);
+            hash_dir(&path, hasher, dotfiles);
         } else {
             // An unreadable entry (a dangling link, no permission) counts too: the loader
             // fails on it, and removing it must be seen as a change.

@@ -47,6 +47,8 @@ pub struct Options {
     pub reload_status: Arc<ReloadStatus>,
     /// TLS (and mutual TLS) on the gRPC listener.
     pub tls: Option<TlsFiles>,
+    /// Not ready while the rules name no domain.
+    pub ready_needs_rules: bool,
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
@@ -64,6 +66,7 @@ impl Default for Options {
             reload: None,
             reload_status: Arc::new(ReloadStatus::default()),
             tls: None,
+            ready_needs_rules: false,
             runtime: Flavor::default(),
         }
     }
@@ -191,7 +194,7 @@ pub async fn run(
         )
     });
     let limiter = Arc::new(
-        RateLimiter::new(rules, Arc::clone(&store), options.modes)
+        RateLimiter::new(Arc::clone(&rules), Arc::clone(&store), options.modes)
             .with_metrics(Arc::clone(&options.metrics)),
     );
     let service = RlsService::new(
@@ -202,7 +205,10 @@ pub async fn run(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
     let store_up = options.metrics.store_up.clone();
-    let health = Health::new(reporter, store_gates_readiness, store_up).await;
+    let mut health = Health::new(reporter, store_gates_readiness, store_up).await;
+    if options.ready_needs_rules {
+        health = health.requiring_rules(Arc::clone(&rules)).await;
+    }
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
         store,

@@ -12,7 +12,7 @@ use crate::admission::{Admission, Overloaded};
 use crate::clock::{Micros, whole_seconds_up};
 use crate::descriptor::{self, InputLimits, RequestError};
 use crate::dynamic_metadata;
-use crate::headers::{self, HeaderMode};
+use crate::headers::{self, HeaderMode, LEGACY_HEADER_NAMES};
 use crate::limit::Unit;
 use crate::limiter::{Code, Decision, DescriptorStatus, RateLimiter};
 use crate::metrics::Metrics;
@@ -67,6 +67,11 @@ pub struct ServiceOptions {
     #[arg(long, env = "TOLLGATE_RESPONSE_HEADERS", value_enum, default_value_t = HeaderMode::Off, help_heading = "Responses and load shedding")]
     pub response_headers: HeaderMode,
 
+    /// The names of the `legacy` headers, in the order limit, remaining, reset (the
+    /// reference's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER).
+    #[arg(long, env = "TOLLGATE_LEGACY_HEADER_NAMES", value_delimiter = ',', num_args = 3, value_parser = header_name, default_values_t = LEGACY_HEADER_NAMES.map(String::from), help_heading = "Responses and load shedding")]
+    pub legacy_header_names: Vec<String>,
+
     /// Where the `x-tollgate-store-error` header marking an answer given without the store
     /// goes: `upstream` (to the service behind Envoy only), `response` (to the client too) or
     /// `off`.
@@ -99,6 +104,8 @@ impl ServiceOptions {
         on_store_error: OnStoreError::Unavailable,
         store_error_header: StoreErrorHeader::Upstream,
         response_headers: HeaderMode::Off,
+        // Empty means the default names (`LEGACY_HEADER_NAMES`); a const cannot allocate.
+        legacy_header_names: Vec::new(),
         dynamic_metadata: false,
         max_in_flight: 4_096,
         max_queue_time: Duration::from_millis(50),
@@ -107,7 +114,32 @@ impl ServiceOptions {
 
 impl Default for ServiceOptions {
     fn default() -> Self {
-        Self::DEFAULT
+        Self {
+            legacy_header_names: LEGACY_HEADER_NAMES.map(String::from).to_vec(),
+            ..Self::DEFAULT
+        }
+    }
+}
+
+impl ServiceOptions {
+    /// The name a header goes out under: a `legacy` header may be renamed.
+    fn header_name<'a>(&'a self, name: &'a str) -> &'a str {
+        LEGACY_HEADER_NAMES
+            .iter()
+            .position(|legacy| *legacy == name)
+            .filter(|_| self.response_headers == HeaderMode::Legacy)
+            .and_then(|index| self.legacy_header_names.get(index))
+            .map_or(name, String::as_str)
+    }
+}
+
+/// A header name as HTTP allows it (a token: letters, digits and ``!#$%&'*+-.^_`|~``).
+fn header_name(text: &str) -> Result<String, String> {
+    let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !text.is_empty() && text.chars().all(token) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not an HTTP header name"))
     }
 }
 
@@ -163,7 +195,7 @@ impl RlsService {
                 response
                     .response_headers_to_add
                     .extend(headers.into_iter().map(|(key, value)| pb::HeaderValue {
-                        key: key.to_owned(),
+                        key: options.header_name(key).to_owned(),
                         value,
                         ..Default::default()
                     }));

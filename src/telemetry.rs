@@ -8,11 +8,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use opentelemetry::KeyValue;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt;
@@ -24,6 +25,67 @@ pub enum LogFormat {
     #[default]
     Text,
     Json,
+}
+
+/// When spans are exported.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Traces {
+    /// When `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set.
+    #[default]
+    Auto,
+    /// Always (to the OTLP default, `http://localhost:4317`, unless those variables say).
+    On,
+    Off,
+}
+
+/// Trace export settings (global flags).
+#[derive(Debug, Clone, Default, PartialEq, clap::Args)]
+pub struct TraceArgs {
+    /// Export spans over OTLP/gRPC: `auto` (when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), `on`
+    /// or `off`.
+    #[arg(long, env = "TOLLGATE_TRACES", value_enum, default_value_t = Traces::Auto, global = true, help_heading = "Tracing")]
+    pub traces: Traces,
+
+    /// `service.name` of the spans (default: `OTEL_SERVICE_NAME`, else `tollgate`).
+    #[arg(
+        long,
+        env = "TOLLGATE_TRACE_SERVICE_NAME",
+        global = true,
+        help_heading = "Tracing"
+    )]
+    pub trace_service_name: Option<String>,
+
+    /// `service.namespace` of the spans.
+    #[arg(
+        long,
+        env = "TOLLGATE_TRACE_SERVICE_NAMESPACE",
+        global = true,
+        help_heading = "Tracing"
+    )]
+    pub trace_service_namespace: Option<String>,
+
+    /// `service.instance.id` of the spans.
+    #[arg(
+        long,
+        env = "TOLLGATE_TRACE_SERVICE_INSTANCE_ID",
+        global = true,
+        help_heading = "Tracing"
+    )]
+    pub trace_service_instance_id: Option<String>,
+
+    /// Share of the traces that start here which are recorded (a caller's decision, from its
+    /// `traceparent`, is followed).
+    #[arg(long, env = "TOLLGATE_TRACE_SAMPLING_RATIO", value_parser = ratio, global = true, help_heading = "Tracing")]
+    pub trace_sampling_ratio: Option<f64>,
+}
+
+/// A number from 0 to 1.
+pub fn ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
+        Ok(_) => Err("must be between 0 and 1".into()),
+        Err(error) => Err(error.to_string()),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -49,22 +111,31 @@ impl Drop for Telemetry {
 
 /// Installs the global subscriber. Must run inside the tokio runtime when traces are
 /// exported (the OTLP exporter is a tonic client).
-pub fn init(log_level: &str, format: LogFormat) -> Result<Telemetry, TelemetryError> {
+pub fn init(
+    log_level: &str,
+    format: LogFormat,
+    trace: &TraceArgs,
+) -> Result<Telemetry, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
         _ => EnvFilter::try_new(log_level)?,
     };
-    let exporting = [
+    let endpoint_set = [
         "OTEL_EXPORTER_OTLP_ENDPOINT",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
     ]
     .iter()
     .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+    let exporting = match trace.traces {
+        Traces::Auto => endpoint_set,
+        Traces::On => true,
+        Traces::Off => false,
+    };
     let provider = if exporting {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_tonic()
             .build()?;
-        Some(provider(exporter))
+        Some(configured_provider(exporter, trace))
     } else {
         None
     };
@@ -96,14 +167,38 @@ pub fn init(log_level: &str, format: LogFormat) -> Result<Telemetry, TelemetryEr
 pub fn provider(
     exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
 ) -> SdkTracerProvider {
-    let resource = if std::env::var_os("OTEL_SERVICE_NAME").is_some() {
-        Resource::builder().build()
-    } else {
-        Resource::builder().with_service_name("tollgate").build()
-    };
+    configured_provider(exporter, &TraceArgs::default())
+}
+
+/// A tracer provider exporting through `exporter` in batches, as `trace` says.
+pub fn configured_provider(
+    exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
+    trace: &TraceArgs,
+) -> SdkTracerProvider {
+    let mut resource = Resource::builder();
+    match &trace.trace_service_name {
+        Some(name) => resource = resource.with_service_name(name.clone()),
+        None if std::env::var_os("OTEL_SERVICE_NAME").is_none() => {
+            resource = resource.with_service_name("tollgate");
+        }
+        None => {}
+    }
+    let attributes = [
+        ("service.namespace", &trace.trace_service_namespace),
+        ("service.instance.id", &trace.trace_service_instance_id),
+    ];
+    for (key, value) in attributes {
+        if let Some(value) = value {
+            resource = resource.with_attribute(KeyValue::new(key, value.clone()));
+        }
+    }
+    let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+        trace.trace_sampling_ratio.unwrap_or(1.0),
+    )));
     SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(resource)
+        .with_resource(resource.build())
+        .with_sampler(sampler)
         .build()
 }
 

@@ -129,3 +129,77 @@ fn a_bare_descriptors_key_is_an_empty_list_at_the_top_and_nested() {
         "{errors}"
     );
 }
+
+fn domain_names(rules: &tollgate::rules::RuleSet) -> Vec<String> {
+    rules.domains().iter().map(|d| d.name.clone()).collect()
+}
+
+#[test]
+fn every_file_and_dot_files_are_read_when_asked_as_the_reference_reads_them() {
+    use tollgate::config::LoadOptions;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("api.yaml"), "domain: api\n").unwrap();
+    std::fs::write(dir.path().join("ratelimit-config"), "domain: bare\n").unwrap();
+    std::fs::create_dir(dir.path().join("nested")).unwrap();
+    std::fs::write(dir.path().join("nested/more.conf"), "domain: more\n").unwrap();
+    std::fs::write(dir.path().join(".hidden"), "domain: hidden\n").unwrap();
+    let load = |options| domain_names(&tollgate::config::load(dir.path(), options).unwrap());
+    assert_eq!(load(LoadOptions::default()), ["api"]);
+    let every_file = LoadOptions {
+        every_file: true,
+        ..LoadOptions::default()
+    };
+    assert_eq!(load(every_file), ["api", "bare", "more"]);
+    let with_dotfiles = LoadOptions {
+        dotfiles: true,
+        ..every_file
+    };
+    assert_eq!(load(with_dotfiles), ["api", "bare", "hidden", "more"]);
+    assert_eq!(
+        tollgate::config::skipped_files(dir.path(), LoadOptions::default()),
+        [
+            dir.path().join("nested/more.conf"),
+            dir.path().join("ratelimit-config")
+        ]
+    );
+    assert!(tollgate::config::skipped_files(dir.path(), every_file).is_empty());
+}
+
+#[test]
+fn files_of_one_domain_merge_when_asked_and_a_repeated_descriptor_is_still_an_error() {
+    use tollgate::config::LoadOptions;
+    let dir = tempfile::tempdir().unwrap();
+    let limit = "rate_limit: {unit: minute, requests_per_unit: 1}";
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        format!("domain: api\ndescriptors:\n  - key: user\n    {limit}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        format!("domain: api\ndescriptors:\n  - key: path\n    value: /x\n    {limit}\n"),
+    )
+    .unwrap();
+    let merging = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    let rules = tollgate::config::load(dir.path(), merging).unwrap();
+    assert_eq!(domain_names(&rules), ["api"]);
+    assert_eq!(rules.domains()[0].root.nodes().len(), 2);
+    let refused = tollgate::config::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(refused.contains("duplicate domain, already defined in"), "{refused}");
+
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        format!("domain: api\ndescriptors:\n  - key: user\n    {limit}\n"),
+    )
+    .unwrap();
+    let repeated = tollgate::config::load(dir.path(), merging)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        repeated.contains("c.yaml:1: domain \"api\": descriptor user is also in"),
+        "{repeated}"
+    );
+}

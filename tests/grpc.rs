@@ -251,6 +251,37 @@ async fn global_shadow_mode_answers_ok_and_keeps_statuses(store: StoreKind) {
     assert_eq!(shapes(&second), [limited(OVER, "1/MINUTE", 0, 58)]);
 }
 
+async fn global_quota_mode_makes_every_rule_a_quota_rule_but_shadow_ones(store: StoreKind) {
+    let mut options = Options::default();
+    options.modes.global_quota = true;
+    let server = start_with(
+        &[("modes.yaml", MODES)],
+        Setup {
+            store,
+            options,
+            ..Setup::default()
+        },
+    )
+    .await;
+    // `plain` (1/min) and `quota2` (2/min) are both quota limits: over together only.
+    let both = request("modes", &[&[("plain", "x")], &[("quota2", "x")]]);
+    assert_eq!(server.ok(both.clone()).await.overall_code, OK);
+    let one_over = server.ok(both.clone()).await;
+    assert_eq!(one_over.overall_code, OK);
+    assert_eq!(
+        shapes(&one_over),
+        [
+            limited(OVER, "1/MINUTE", 0, 58),
+            limited(OK, "2/MINUTE", 0, 58)
+        ]
+    );
+    assert_eq!(server.ok(both).await.overall_code, OVER);
+    // A shadow rule stays a shadow rule: never over overall.
+    let shadow = request("modes", &[&[("shadow", "x")]]);
+    server.ok(shadow.clone()).await;
+    assert_eq!(server.ok(shadow).await.overall_code, OK);
+}
+
 async fn quota_mode_is_over_only_when_every_quota_descriptor_is_over(store: StoreKind) {
     let server = start_on(store, &[("modes.yaml", MODES)]).await;
     let both = request("modes", &[&[("quota1", "x")], &[("quota2", "x")]]);
@@ -516,6 +547,7 @@ contract!(
     a_shadow_rule_reports_but_never_denies,
     global_shadow_mode_answers_ok_and_keeps_statuses,
     quota_mode_is_over_only_when_every_quota_descriptor_is_over,
+    global_quota_mode_makes_every_rule_a_quota_rule_but_shadow_ones,
     a_quota_descriptor_with_several_limits_is_over_when_any_limit_is,
     a_rejected_request_consumes_nothing_on_its_other_descriptors,
     count_denied_counts_every_descriptor_like_the_reference,

@@ -167,6 +167,30 @@ async fn legacy_uses_the_reference_names() {
     .await;
 }
 
+/// The reference's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and LIMIT_RESET_HEADER.
+#[tokio::test]
+async fn legacy_headers_can_be_renamed() {
+    let server = start_with(
+        &[("h.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                service: ServiceOptions {
+                    response_headers: HeaderMode::Legacy,
+                    legacy_header_names: vec!["X-Quota".into(), "X-Left".into(), "X-Reset".into()],
+                    ..ServiceOptions::default()
+                },
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        headers(&server, &[&[("user", "a")]]).await,
+        pairs(&[("X-Quota", "10"), ("X-Left", "9"), ("X-Reset", "58")])
+    );
+}
+
 const TAGGED: &str = r#"
 domain: m
 descriptors:

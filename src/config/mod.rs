@@ -2,6 +2,9 @@
 //! the envoyproxy/ratelimit format (plus tollgate's extensions). Loading is all-or-nothing: any
 //! error in any file rejects the whole set, so a caller keeps whatever it had before.
 //!
+//! `LoadOptions` can widen this to every file and merge files of one domain, as the
+//! reference's environment asks (`--env reference`).
+//!
 //! Files and directories whose names start with `.` are skipped. That covers editors' swap
 //! files and, importantly, a Kubernetes ConfigMap volume's `..data` and `..<timestamp>`
 //! directories, whose files would otherwise appear twice (as the reference's
@@ -18,29 +21,62 @@ use std::path::{Path, PathBuf};
 use crate::rules::RuleSet;
 pub use error::{ConfigError, ConfigErrors};
 
+/// Which files make the config and how files of one domain combine. The default is
+/// tollgate's own: `*.yaml`/`*.yml` files, no dot entries, one file per domain.
+/// `--env reference` sets what the reference's environment asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Every file, whatever its name ends in (the reference reads every file).
+    pub every_file: bool,
+    /// Dot files and dot directories too (the reference's `RUNTIME_IGNOREDOTFILES=false`).
+    pub dotfiles: bool,
+    /// Files of one domain are merged (the reference's `MERGE_DOMAIN_CONFIG`); otherwise a
+    /// second file of a domain is an error.
+    pub merge_domains: bool,
+}
+
 /// Loads and validates every config file under `dir` (or the one file `dir` names).
 pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
-    let files = config_files(dir).map_err(|error| ConfigErrors(vec![error]))?;
+    load(dir, LoadOptions::default())
+}
+
+/// Loads and validates the config files under `dir` that `options` select.
+pub fn load(dir: &Path, options: LoadOptions) -> Result<RuleSet, ConfigErrors> {
+    let files = listing(dir, options)
+        .map_err(|error| ConfigErrors(vec![error]))?
+        .0;
     let mut errors = Vec::new();
     let mut domains: Vec<(PathBuf, crate::rules::DomainRules)> = Vec::new();
     for path in files {
         let parsed = std::fs::read_to_string(&path)
             .map_err(|error| io_error(&path, &error))
             .and_then(|text| file::parse(&path, &text));
-        match parsed {
-            Ok(domain) => {
-                if let Some((first, _)) = domains.iter().find(|(_, d)| d.name == domain.name) {
-                    errors.push(ConfigError {
-                        file: path.clone(),
-                        line: Some(1),
-                        path: format!("domain {:?}", domain.name),
-                        reason: format!("duplicate domain, already defined in {}", first.display()),
-                    });
-                } else {
-                    domains.push((path, domain));
-                }
+        let domain = match parsed {
+            Ok(domain) => domain,
+            Err(error) => {
+                errors.push(error);
+                continue;
             }
-            Err(error) => errors.push(error),
+        };
+        let Some((first, known)) = domains.iter_mut().find(|(_, d)| d.name == domain.name) else {
+            domains.push((path, domain));
+            continue;
+        };
+        let name = format!("domain {:?}", domain.name);
+        if !options.merge_domains {
+            let reason = format!("duplicate domain, already defined in {}", first.display());
+            errors.push(ConfigError::at(&path, 1, name, reason));
+        } else if let Err((key, value)) = known.root.merge(domain.root) {
+            let node = if value.is_empty() {
+                key
+            } else {
+                format!("{key}={value}")
+            };
+            let reason = format!(
+                "descriptor {node} is also in {} (merged domains must not repeat a descriptor)",
+                first.display()
+            );
+            errors.push(ConfigError::at(&path, 1, name, reason));
         }
     }
     if errors.is_empty() {
@@ -50,22 +86,19 @@ pub fn load_dir(dir: &Path) -> Result<RuleSet, ConfigErrors> {
     }
 }
 
-/// The config files under `dir`, recursively, sorted so that errors come in a stable order;
-/// or `dir` itself when it names a file.
-fn config_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    Ok(listing(dir)?.0)
-}
-
 /// The files under `dir` that loading leaves out because their names do not end in `.yaml` or
 /// `.yml` (dot entries, such as a ConfigMap's `..data`, are left out silently: they are
 /// copies). For `tollgate check` and the start-up log, so that a rule file named without the
 /// extension is not skipped unnoticed.
-pub fn skipped_files(dir: &Path) -> Vec<PathBuf> {
-    listing(dir).map(|(_, skipped)| skipped).unwrap_or_default()
+pub fn skipped_files(dir: &Path, options: LoadOptions) -> Vec<PathBuf> {
+    listing(dir, options)
+        .map(|(_, skipped)| skipped)
+        .unwrap_or_default()
 }
 
-/// The YAML files under `dir`, recursively, and the other files, each sorted.
-fn listing(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
+/// The config files under `dir`, recursively, and the files left out, each sorted (so that
+/// errors come in a stable order); or `dir` itself when it names a file.
+fn listing(dir: &Path, options: LoadOptions) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
     if std::fs::metadata(dir).is_ok_and(|metadata| metadata.is_file()) {
         return Ok((vec![dir.to_path_buf()], Vec::new()));
     }
@@ -76,14 +109,14 @@ fn listing(dir: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ConfigError> {
         for entry in listing {
             let entry = entry.map_err(|error| io_error(&current, &error))?;
             let path = entry.path();
-            if entry.file_name().to_string_lossy().starts_with('.') {
+            if !options.dotfiles && entry.file_name().to_string_lossy().starts_with('.') {
                 continue;
             }
             // `metadata` follows symbolic links, as ConfigMap volumes need.
             let metadata = std::fs::metadata(&path).map_err(|error| io_error(&path, &error))?;
             if metadata.is_dir() {
                 pending.push(path);
-            } else if is_yaml(&path) {
+            } else if options.every_file || is_yaml(&path) {
                 files.push(path);
             } else {
                 skipped.push(path);

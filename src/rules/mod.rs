@@ -97,6 +97,24 @@ impl Level {
         Ok(())
     }
 
+    /// Adds every node of `other` (two files of one domain merged, as the reference's
+    /// MERGE_DOMAIN_CONFIG does); a node both have is refused, as within one file. The
+    /// refused node is named by its key and value.
+    pub fn merge(&mut self, other: Level) -> Result<(), (String, String)> {
+        for (_, nodes) in other.by_key {
+            let KeyNodes {
+                exact,
+                wildcards,
+                default,
+            } = nodes;
+            for node in exact.into_values().chain(wildcards).chain(default) {
+                let named = (node.key.clone(), node.selector.text().to_owned());
+                self.insert(node).map_err(|DuplicateNode| named)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The node for one request entry: exact value first, then wildcards in config order, then
     /// the key-only default. See `matcher` for why there is no backtracking.
     pub fn lookup(&self, key: &str, value: &str) -> Option<&Node> {

@@ -185,6 +185,7 @@ pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer 
     let dir = config_dir(files);
     if let Some(poll) = setup.reload {
         setup.options.reload = Some(tollgate::reload::ReloadOptions {
+            load: tollgate::config::LoadOptions::default(),
             dir: dir.path().to_owned(),
             poll,
         });

@@ -175,6 +175,12 @@ pub struct ServeArgs {
     )]
     pub store: String,
 
+    /// A second Redis for the limits whose unit is one second (the reference's
+    /// REDIS_PERSECOND): a URL as --store takes, for a Redis store only. A request with limits
+    /// in both stays all-or-nothing (docs/design.md).
+    #[arg(long, env = "TOLLGATE_STORE_PER_SECOND", help_heading = "Store")]
+    pub store_per_second: Option<String>,
+
     /// File holding the Redis password (overrides one in the URL); a trailing newline is
     /// ignored.
     #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE", help_heading = "Store")]
@@ -356,6 +362,17 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
     }
 }
 
+/// A Redis URL (with the password from a file, if any).
+fn redis_spec(url: &str, password: Option<String>) -> Result<RedisSpec, ArgsError> {
+    match RedisSpec::parse(url, password) {
+        Some(spec) => Ok(spec?),
+        // The URL is not echoed whole: it may carry a password.
+        None => Err(ArgsError::UnsupportedStore(
+            url.split("://").next().unwrap_or_default().to_owned(),
+        )),
+    }
+}
+
 /// Why `serve`'s flags cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
@@ -363,6 +380,8 @@ pub enum ArgsError {
         "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…` or `rediss-cluster://…`"
     )]
     UnsupportedStore(String),
+    #[error("--store-per-second: needs a Redis --store (the memory store has no per-second twin)")]
+    PerSecondWithoutRedis,
     #[error(transparent)]
     Redis(#[from] RedisSpecError),
     #[error("--redis-password-file {path}: {error}")]
@@ -371,18 +390,21 @@ pub enum ArgsError {
 
 impl ServeArgs {
     pub fn store_spec(&self) -> Result<StoreSpec, ArgsError> {
-        match self.store.as_str() {
-            "memory" => Ok(StoreSpec::Memory),
-            url => match RedisSpec::parse(url, self.redis_password()?) {
-                Some(spec) => Ok(StoreSpec::Redis(spec?)),
-                // The URL is not echoed whole: it may carry a password.
-                None => Err(ArgsError::UnsupportedStore(
-                    url.split("://").next().unwrap_or_default().to_owned(),
-                )),
-            },
-        }
+        let main = match self.store.as_str() {
+            "memory" if self.store_per_second.is_some() => {
+                return Err(ArgsError::PerSecondWithoutRedis);
+            }
+            "memory" => return Ok(StoreSpec::Memory),
+            url => redis_spec(url, self.redis_password()?)?,
+        };
+        Ok(match &self.store_per_second {
+            None => StoreSpec::Redis(main),
+            Some(url) => StoreSpec::RedisPerSecond(main, redis_spec(url, None)?),
+        })
     }
 
+    /// The password in --redis-password-file (for --store; a --store-per-second URL carries
+    /// its own).
     fn redis_password(&self) -> Result<Option<String>, ArgsError> {
         let Some(path) = &self.redis_password_file else {
             return Ok(None);

@@ -187,8 +187,13 @@ fn files_of_one_domain_merge_when_asked_and_a_repeated_descriptor_is_still_an_er
     let rules = tollgate::config::load(dir.path(), merging).unwrap();
     assert_eq!(domain_names(&rules), ["api"]);
     assert_eq!(rules.domains()[0].root.nodes().len(), 2);
-    let refused = tollgate::config::load_dir(dir.path()).unwrap_err().to_string();
-    assert!(refused.contains("duplicate domain, already defined in"), "{refused}");
+    let refused = tollgate::config::load_dir(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("duplicate domain, already defined in"),
+        "{refused}"
+    );
 
     std::fs::write(
         dir.path().join("c.yaml"),

@@ -1,9 +1,10 @@
-//! The store as served: which store (`--store`), and around a remote one the layers that make
+//! The store as served: which store (`--store`, `--store-per-second`), and around a remote one the layers that make
 //! it safe to call on every request: the deny cache in front of the timeout and circuit
 //! breaker (`guard`), so that cached denials neither reset the breaker nor wait for it.
 
 use std::sync::Arc;
 
+use super::redis::per_second::PerSecondSplit;
 use super::redis::{RedisSpec, RedisStore};
 use super::{CounterStore, StoreOptions, deny_cache, guard, memory};
 use crate::algorithm::Charge;
@@ -15,6 +16,8 @@ use crate::metrics::Metrics;
 pub enum StoreSpec {
     Memory,
     Redis(RedisSpec),
+    /// Per-second limits in the second Redis (`--store-per-second`), the others in the first.
+    RedisPerSecond(RedisSpec, RedisSpec),
 }
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
@@ -34,6 +37,14 @@ pub fn build_store(
         StoreSpec::Redis(spec) => {
             let store = RedisStore::start(spec.clone(), options.clone());
             remote_stack(store, options, metrics)
+        }
+        StoreSpec::RedisPerSecond(main, per_second) => {
+            let split = PerSecondSplit::new(
+                RedisStore::start(main.clone(), options.clone()),
+                RedisStore::start(per_second.clone(), options.clone()),
+                options.charge,
+            );
+            remote_stack(Arc::new(split), options, metrics)
         }
     }
 }

@@ -20,7 +20,7 @@ use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as r
 use tollgate::server::{self, Listeners, Options, ServerError};
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::redis::{RedisSpec, RedisStore};
-use tollgate::storage::stack::remote_stack;
+use tollgate::storage::stack::{StoreSpec, remote_stack};
 use tollgate::storage::{CounterStore, StoreOptions};
 use tonic::transport::Channel;
 
@@ -36,6 +36,8 @@ pub enum StoreKind {
     RedisSocket,
     /// A 3-master Redis Cluster started for the test.
     Cluster,
+    /// Two standalone redis-servers: per-second limits in the second (`--store-per-second`).
+    PerSecond,
     /// A 3-master, 3-replica Redis Cluster (for failover).
     ReplicatedCluster,
 }
@@ -45,6 +47,8 @@ pub enum Backing {
     None,
     Redis(RedisServer),
     Cluster(RedisCluster),
+    /// The main Redis and the per-second one.
+    PerSecond(RedisServer, RedisServer),
 }
 
 /// Runs each named scenario (`async fn name(store: StoreKind)`) as one test per store:
@@ -160,6 +164,22 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Ba
             };
             let store = redis_store(&url, setup.charge, clock, setup.store_timeout, metrics);
             (store, Backing::Redis(server))
+        }
+        StoreKind::PerSecond => {
+            let (main, fast) = (RedisServer::start(), RedisServer::start());
+            let options = StoreOptions {
+                charge: setup.charge,
+                timeout: setup.store_timeout,
+                deny_cache_size: 1_000,
+                clock: Some(Arc::new(clock.clone())),
+                ..StoreOptions::default()
+            };
+            let spec = StoreSpec::RedisPerSecond(
+                RedisSpec::parse(&main.url(), None).unwrap().unwrap(),
+                RedisSpec::parse(&fast.url(), None).unwrap().unwrap(),
+            );
+            let store = tollgate::storage::stack::build_store(&spec, &options, metrics);
+            (store, Backing::PerSecond(main, fast))
         }
         StoreKind::Cluster | StoreKind::ReplicatedCluster => {
             let replicas = usize::from(setup.store == StoreKind::ReplicatedCluster);

@@ -18,6 +18,8 @@
 //! `script.rs` with `lua/` (the counter script).
 
 mod connection;
+pub mod per_second;
+pub mod refund;
 pub mod script;
 pub mod slots;
 mod url;
@@ -27,6 +29,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use connection::{Connection, connect, connect_all};
+use refund::{Part, Refund, give_back, refunds_of};
 use script::{Call, Mode, Reply};
 use slots::{Group, Topology, plan, split_by_slot};
 pub use url::{RedisSpec, SpecError};
@@ -209,10 +212,10 @@ impl RedisStore {
         }
     }
 
-    /// One call per group, all in flight at once; a cross-slot group that found a counter
-    /// off its node (a stale slot map) is sent again one slot at a time. A request with a
-    /// call that failed fails as a whole, and what its other calls consumed is given back
-    /// (with --count-denied every attempt that reached its counters counts, so nothing is).
+    /// One call per group, all in flight at once (see `gather`). A request with a call that
+    /// failed fails as a whole, and what its other calls consumed is given back (with
+    /// --count-denied every attempt that reached its counters counts, so nothing is); so is
+    /// what a vetoed request's calls consumed.
     async fn apply_grouped(
         &self,
         connection: &Connection,
@@ -220,6 +223,63 @@ impl RedisStore {
         groups: Vec<Group<'_>>,
     ) -> Result<Vec<Outcome>, StoreError> {
         let complete = groups.len() == 1;
+        let mut part = self.gather(connection, hits, groups, complete).await;
+        let give = self.options.charge == Charge::IfAllowed
+            && (part.failure.is_some() || vetoed(hits, |index| part.outcomes[index].allowed));
+        if give {
+            let refunds = std::mem::take(&mut part.refunds);
+            give_back(connection, refunds, &mut part.outcomes).await;
+        }
+        match part.failure {
+            Some(error) => Err(error),
+            None => Ok(part.outcomes),
+        }
+    }
+
+    /// Applies `hits` as one part of a request that spans two stores (`--store-per-second`):
+    /// the calls veto only within themselves, and the caller, who sees the whole request,
+    /// gives back (`give_back_part`) what a veto or a failure elsewhere undoes.
+    pub async fn apply_part(&self, hits: &[Hit]) -> Part {
+        let connection = match self.connection() {
+            Ok(connection) => connection,
+            Err(error) => return Part::failed(hits.len(), error),
+        };
+        let owners = connection
+            .is_cluster()
+            .then(|| self.topology.owners())
+            .flatten();
+        let groups = if connection.is_cluster() {
+            plan(hits, owners.as_deref())
+        } else {
+            vec![Group {
+                indices: (0..hits.len()).collect(),
+                cross_slot: false,
+                node: None,
+            }]
+        };
+        self.gather(connection, hits, groups, false).await
+    }
+
+    /// Sends `refunds` of a part (see `apply_part`).
+    pub async fn give_back_part(&self, refunds: Vec<Refund>, outcomes: &mut [Outcome]) {
+        match self.connection() {
+            Ok(connection) => give_back(connection, refunds, outcomes).await,
+            Err(error) => {
+                tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset")
+            }
+        }
+    }
+
+    /// Sends one call per group, all at once; a cross-slot group that found a counter off its
+    /// node (a stale slot map) is sent again one slot at a time. Gathers the outcomes, what
+    /// the committed calls would give back, and the first failure.
+    async fn gather(
+        &self,
+        connection: &Connection,
+        hits: &[Hit],
+        groups: Vec<Group<'_>>,
+        complete: bool,
+    ) -> Part {
         let results = self.send_groups(connection, hits, &groups, complete).await;
         let mut sent: Vec<(Group<'_>, Vec<Hit>, Reply)> = Vec::with_capacity(groups.len());
         let mut again = Vec::new();
@@ -248,24 +308,17 @@ impl RedisStore {
                 }
             }
         }
-
         let mut outcomes = vec![Outcome::default(); hits.len()];
         for (group, _, reply) in &sent {
             for (&index, outcome) in group.indices.iter().zip(&reply.outcomes) {
                 outcomes[index] = *outcome;
             }
         }
-        if let Some(error) = failure {
-            if self.options.charge == Charge::IfAllowed {
-                self.refund(connection, &sent, &mut outcomes).await;
-            }
-            return Err(error);
+        Part {
+            outcomes,
+            refunds: refunds_of(&sent),
+            failure,
         }
-        if self.options.charge == Charge::IfAllowed && vetoed(hits, |index| outcomes[index].allowed)
-        {
-            self.refund(connection, &sent, &mut outcomes).await;
-        }
-        Ok(outcomes)
     }
 
     /// Applies each group's hits in one call, all at once; answers in the order of `groups`.
@@ -291,88 +344,6 @@ impl RedisStore {
         let results = futures_util::future::join_all(calls).await;
         grouped.into_iter().zip(results).collect()
     }
-
-    /// Gives back what the committed groups of a vetoed or failed request consumed; their
-    /// allowed hits then report their counters as they are after the refund. The refund runs
-    /// as its own task, so a caller that goes away (a client deadline) does not leave hits
-    /// consumed; if it fails, the request is still answered as vetoed (or failed), its
-    /// counters under-admitting briefly.
-    async fn refund(
-        &self,
-        connection: &Connection,
-        sent: &[(Group<'_>, Vec<Hit>, Reply)],
-        outcomes: &mut [Outcome],
-    ) {
-        // One refund per slot (routed by key, as refunds are rare): a group's hits are at
-        // positions 0.. of its own hit list.
-        let refunds: Vec<Refund> = sent
-            .iter()
-            .filter(|(_, _, reply)| reply.committed)
-            .flat_map(|(group, hits, reply)| {
-                let positions: Vec<usize> = (0..hits.len()).collect();
-                split_by_slot(&positions, hits)
-                    .into_iter()
-                    .map(move |slot| Refund {
-                        indices: slot.indices.iter().map(|&p| group.indices[p]).collect(),
-                        hits: slot
-                            .indices
-                            .iter()
-                            .map(|&p| Hit {
-                                hits: if reply.outcomes[p].allowed {
-                                    hits[p].hits
-                                } else {
-                                    0
-                                },
-                                ..hits[p].clone()
-                            })
-                            .collect(),
-                        at: reply.now,
-                        expected: slot.indices.iter().map(|&p| reply.states[p]).collect(),
-                    })
-            })
-            .collect();
-        let connection = connection.clone();
-        let task = tokio::spawn(async move {
-            let calls = refunds.iter().map(|refund| {
-                let call = Call {
-                    mode: Mode::Refund { at: refund.at },
-                    hits: &refund.hits,
-                    node: None,
-                    now: None,
-                    charge: Charge::IfAllowed,
-                    complete: false,
-                    expected: &refund.expected,
-                };
-                let connection = &connection;
-                async move { connection.call(&call).await }
-            });
-            let replies = futures_util::future::join_all(calls).await;
-            (refunds, replies)
-        });
-        let (refunds, replies) = match task.await {
-            Ok(done) => done,
-            Err(error) => {
-                tracing::warn!(%error, "refund task failed");
-                return;
-            }
-        };
-        for (refund, reply) in refunds.iter().zip(replies) {
-            match reply {
-                Ok(reply) => {
-                    for ((&index, hit), outcome) in
-                        refund.indices.iter().zip(&refund.hits).zip(reply.outcomes)
-                    {
-                        if hit.hits > 0 {
-                            outcomes[index] = outcome;
-                        }
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset");
-                }
-            }
-        }
-    }
 }
 
 /// What to check when Redis refuses a connection.
@@ -388,18 +359,6 @@ fn refusal_hint(error: &StoreError) -> &'static str {
     } else {
         "see the error; tollgate keeps retrying"
     }
-}
-
-/// What one slot of a committed group of a vetoed request gives back.
-struct Refund {
-    /// The hits, by index into the request's.
-    indices: Vec<usize>,
-    /// The hits, with `hits` 0 for those that did not consume.
-    hits: Vec<Hit>,
-    /// When the apply call consumed.
-    at: Micros,
-    /// The state the apply call left, which an `IfUnchanged` algorithm's refund requires.
-    expected: Vec<(i64, i64)>,
 }
 
 #[tonic::async_trait]

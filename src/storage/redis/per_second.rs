@@ -1,0 +1,106 @@
+//! Per-second limits in a Redis of their own (`--store-per-second`, the reference's
+//! `REDIS_PERSECOND`): the busiest counters, which live one second, kept apart from the rest.
+//!
+//! A request whose limits are all on one side is one call to that store, as usual. A request
+//! with limits on both sides is one call to each, at once, and stays all-or-nothing as a
+//! request spread over cluster nodes does: each call vetoes what it can see, and when the
+//! request as a whole is vetoed (a denial on the other side) or a call fails, what the other
+//! call committed is given back. A rejected request therefore never over-admits; it may
+//! under-admit for the moment the refund is in flight.
+
+use std::sync::Arc;
+
+use super::RedisStore;
+use super::refund::Part;
+use crate::algorithm::{Charge, Outcome};
+use crate::clock::MICROS_PER_SECOND;
+use crate::storage::keys::CounterKey;
+use crate::storage::{CounterStore, Hit, StoreError, vetoed};
+
+pub struct PerSecondSplit {
+    main: Arc<RedisStore>,
+    per_second: Arc<RedisStore>,
+    charge: Charge,
+}
+
+impl PerSecondSplit {
+    pub fn new(main: Arc<RedisStore>, per_second: Arc<RedisStore>, charge: Charge) -> Self {
+        Self {
+            main,
+            per_second,
+            charge,
+        }
+    }
+}
+
+/// Whether a hit counts in the per-second store: its limit's window is one second.
+fn is_per_second(hit: &Hit) -> bool {
+    hit.params.window == MICROS_PER_SECOND
+}
+
+/// The hits at `indices`, as a part of their own.
+fn part_of(hits: &[Hit], indices: &[usize]) -> Vec<Hit> {
+    indices.iter().map(|&index| hits[index].clone()).collect()
+}
+
+/// Copies a part's outcomes to their places in the request's.
+fn place(outcomes: &mut [Outcome], indices: &[usize], part: &Part) {
+    for (&index, outcome) in indices.iter().zip(&part.outcomes) {
+        outcomes[index] = *outcome;
+    }
+}
+
+#[tonic::async_trait]
+impl CounterStore for PerSecondSplit {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        let (seconds, others): (Vec<usize>, Vec<usize>) =
+            (0..hits.len()).partition(|&index| is_per_second(&hits[index]));
+        if seconds.is_empty() {
+            return self.main.apply(hits).await;
+        }
+        if others.is_empty() {
+            return self.per_second.apply(hits).await;
+        }
+        let (second_hits, other_hits) = (part_of(hits, &seconds), part_of(hits, &others));
+        let (mut main, mut fast) = futures_util::future::join(
+            self.main.apply_part(&other_hits),
+            self.per_second.apply_part(&second_hits),
+        )
+        .await;
+        let mut outcomes = vec![Outcome::default(); hits.len()];
+        place(&mut outcomes, &others, &main);
+        place(&mut outcomes, &seconds, &fast);
+        let failure = main.failure.take().or(fast.failure.take());
+        let give = self.charge == Charge::IfAllowed
+            && (failure.is_some() || vetoed(hits, |index| outcomes[index].allowed));
+        if give {
+            let (main_refunds, fast_refunds) = (
+                std::mem::take(&mut main.refunds),
+                std::mem::take(&mut fast.refunds),
+            );
+            futures_util::future::join(
+                self.main.give_back_part(main_refunds, &mut main.outcomes),
+                self.per_second
+                    .give_back_part(fast_refunds, &mut fast.outcomes),
+            )
+            .await;
+            place(&mut outcomes, &others, &main);
+            place(&mut outcomes, &seconds, &fast);
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(outcomes),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.main.ping().await?;
+        self.per_second.ping().await
+    }
+
+    /// A key lives in one of the two stores; deleting it from both is simplest.
+    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+        self.main.forget(keys).await?;
+        self.per_second.forget(keys).await
+    }
+}

@@ -110,10 +110,8 @@ pub async fn give_back(connection: &Connection, refunds: Vec<Refund>, outcomes: 
                 for ((&index, hit), outcome) in
                     refund.indices.iter().zip(&refund.hits).zip(reply.outcomes)
                 {
-                    if hit.hits > 0 {
-                        if let Some(slot) = outcomes.get_mut(index) {
-                            *slot = outcome;
-                        }
+                    if let Some(slot) = outcomes.get_mut(index).filter(|_| hit.hits > 0) {
+                        *slot = outcome;
                     }
                 }
             }

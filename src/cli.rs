@@ -165,8 +165,11 @@ pub struct ServeArgs {
 
     /// Counter store: `memory` (in-process), `redis://[user:pass@]host:port[/db]`,
     /// `unix:///path/redis.sock[?db=N&pass=P]` (Redis on a Unix socket),
-    /// `rediss://…` (TLS), `redis-cluster://[user:pass@]host:port,host:port,…` or
-    /// `rediss-cluster://…`.
+    /// `rediss://…` (TLS), `redis-cluster://[user:pass@]host:port,host:port,…`,
+    /// `rediss-cluster://…`, or
+    /// `redis-sentinel://[user:pass@]host:port,…/MASTER[/db][?sentinel_user=U&sentinel_pass=P]`
+    /// (the master the sentinels name, followed through failovers; `rediss-sentinel://` for
+    /// TLS).
     #[arg(
         long,
         env = "TOLLGATE_STORE",
@@ -377,7 +380,7 @@ fn redis_spec(url: &str, password: Option<String>) -> Result<RedisSpec, ArgsErro
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
     #[error(
-        "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…` or `rediss-cluster://…`"
+        "--store: unsupported store {0:?}; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…`, `rediss-cluster://…` or `redis-sentinel://…`"
     )]
     UnsupportedStore(String),
     #[error("--store-per-second: needs a Redis --store (the memory store has no per-second twin)")]
@@ -572,7 +575,7 @@ mod tests {
         assert_eq!(args.drain_timeout, Duration::from_secs(2));
         assert_eq!(
             args.store_spec().unwrap_err().to_string(),
-            "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…` or `rediss-cluster://…`"
+            "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…`, `rediss-cluster://…` or `redis-sentinel://…`"
         );
     }
 

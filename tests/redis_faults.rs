@@ -231,6 +231,48 @@ async fn a_killed_master_is_replaced_by_its_replica_and_decisions_resume_within_
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_sentinels_decisions_follow_the_master_to_the_promoted_replica() {
+    let mut server = start_with(
+        &[("faults.yaml", LIMITS)],
+        Setup {
+            store: StoreKind::Sentinel,
+            store_timeout: Duration::from_millis(500),
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(server.ok(user("a")).await.statuses[0].limit_remaining, 9);
+    let Backing::Sentinel(sentinels) = &mut server.backing else {
+        panic!("a sentinel test");
+    };
+    let (old_master, replica) = (sentinels.master.port, sentinels.replica.port);
+    assert_eq!(sentinels.master_port(), Some(old_master));
+    sentinels.master.stop();
+    let killed = Instant::now();
+    sentinels.wait_until(
+        |sentinels| sentinels.master_port() == Some(replica),
+        "to promote the replica",
+    );
+    let promoted = Instant::now();
+    let resumed = answered_within_ten_seconds(&server, "a", promoted).await;
+    let remaining = resumed.statuses[0].limit_remaining;
+    // Asynchronous replication may lose the last write: then 9 again.
+    assert!(remaining == 8 || remaining == 9, "remaining {remaining}");
+    eprintln!(
+        "promoted {:?} after the master was killed; decisions resumed {:?} after that",
+        promoted - killed,
+        promoted.elapsed()
+    );
+    let Backing::Sentinel(sentinels) = &server.backing else {
+        unreachable!()
+    };
+    assert!(
+        sentinels.replica.dbsize() >= 1,
+        "the counter is on the new master"
+    );
+}
+
 /// The first answer for user `value`, retried until 10 s after `since`.
 async fn answered_within_ten_seconds(
     server: &TestServer,

@@ -24,7 +24,7 @@ use tollgate::storage::stack::{StoreSpec, remote_stack};
 use tollgate::storage::{CounterStore, StoreOptions};
 use tonic::transport::Channel;
 
-use redis_process::{RedisCluster, RedisServer};
+use redis_process::{RedisCluster, RedisSentinels, RedisServer};
 
 /// Which store a test server counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,8 @@ pub enum StoreKind {
     Cluster,
     /// Two standalone redis-servers: per-second limits in the second (`--store-per-second`).
     PerSecond,
+    /// A master and a replica watched by three redis-sentinels, reached through them.
+    Sentinel,
     /// A 3-master, 3-replica Redis Cluster (for failover).
     ReplicatedCluster,
 }
@@ -49,6 +51,7 @@ pub enum Backing {
     Cluster(RedisCluster),
     /// The main Redis and the per-second one.
     PerSecond(RedisServer, RedisServer),
+    Sentinel(RedisSentinels),
 }
 
 /// Runs each named scenario (`async fn name(store: StoreKind)`) as one test per store:
@@ -164,6 +167,17 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Ba
             };
             let store = redis_store(&url, setup.charge, clock, setup.store_timeout, metrics);
             (store, Backing::Redis(server))
+        }
+        StoreKind::Sentinel => {
+            let sentinels = RedisSentinels::start();
+            let store = redis_store(
+                &sentinels.url(),
+                setup.charge,
+                clock,
+                setup.store_timeout,
+                metrics,
+            );
+            (store, Backing::Sentinel(sentinels))
         }
         StoreKind::PerSecond => {
             let (main, fast) = (RedisServer::start(), RedisServer::start());

@@ -343,3 +343,137 @@ fn is_master(node: &RedisServer) -> bool {
         .and_then(|role| redis::from_redis_value::<String>(role).ok())
         .is_some_and(|role| role == "master")
 }
+
+/// A master, one replica and three redis-sentinel processes watching them as `mymaster`
+/// (quorum 2, a master down after 1 s), each stopped when this drops.
+pub struct RedisSentinels {
+    pub master: RedisServer,
+    pub replica: RedisServer,
+    sentinels: Vec<(u16, Child)>,
+    _tmp: tempfile::TempDir,
+}
+
+/// The master's name the sentinels know.
+pub const SENTINEL_MASTER: &str = "mymaster";
+
+impl RedisSentinels {
+    pub fn start() -> Self {
+        require("redis-sentinel");
+        let master = RedisServer::start();
+        let replica = RedisServer::start();
+        replica.query(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+        replica.wait_for(
+            |replica| {
+                replica
+                    .try_query(&["INFO", "replication"])
+                    .and_then(|info| redis::from_redis_value::<String>(info).ok())
+                    .is_some_and(|info| info.contains("master_link_status:up"))
+            },
+            "in sync with its master",
+        );
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut watched = Self {
+            master,
+            replica,
+            sentinels: Vec::new(),
+            _tmp: tmp,
+        };
+        for _ in 0..3 {
+            let port = free_port();
+            let conf = watched._tmp.path().join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndaemonize no\n\
+                     sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                     sentinel failover-timeout {SENTINEL_MASTER} 4000\n",
+                    watched.master.port
+                ),
+            )
+            .expect("sentinel config");
+            let child = Command::new("redis-sentinel")
+                .arg(&conf)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-sentinel");
+            watched.sentinels.push((port, child));
+        }
+        // A failover needs every sentinel to know the replica and the other sentinels.
+        watched.wait_until(
+            |sentinels| {
+                sentinels.ports().iter().all(|&port| {
+                    let state = sentinel_query(port, &["SENTINEL", "MASTER", SENTINEL_MASTER]);
+                    state.contains("num-slaves 1") && state.contains("num-other-sentinels 2")
+                })
+            },
+            "to know the replica and each other",
+        );
+        watched
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        self.sentinels.iter().map(|(port, _)| *port).collect()
+    }
+
+    /// `redis-sentinel://…/mymaster`.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        format!("redis-sentinel://{}/{SENTINEL_MASTER}", hosts.join(","))
+    }
+
+    /// The master's port as the first sentinel names it.
+    pub fn master_port(&self) -> Option<u16> {
+        let port = self.ports()[0];
+        let named = sentinel_query(
+            port,
+            &["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER],
+        );
+        named.split_whitespace().last()?.parse().ok()
+    }
+
+    pub fn wait_until(&self, done: impl Fn(&Self) -> bool, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if done(self) {
+                return;
+            }
+            sleep(Duration::from_millis(50));
+        }
+        panic!("the sentinels never came {what}");
+    }
+}
+
+/// A sentinel's reply, flattened to words (`key value key value …`); empty if it does not
+/// answer.
+fn sentinel_query(port: u16, args: &[&str]) -> String {
+    let answer = || -> Option<redis::Value> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .ok()?;
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        command.query(&mut connection).ok()
+    };
+    answer()
+        .and_then(|value| redis::from_redis_value::<Vec<String>>(value).ok())
+        .map(|words| words.join(" "))
+        .unwrap_or_default()
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.sentinels {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -1,6 +1,7 @@
 //! A connection to Redis, a single server or a cluster behind one type: script calls, plain
 //! commands, pings, and every `RedisError` turned into a `StoreError` here, once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -9,6 +10,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script};
 
 use super::script::{Call, Reply, SCRIPT, parse_reply};
+use super::sentinel::SentinelLink;
 use super::url::RedisSpec;
 use crate::storage::StoreError;
 
@@ -23,6 +25,7 @@ pub struct Connection {
 enum Link {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelLink>),
 }
 
 impl Connection {
@@ -35,6 +38,7 @@ impl Connection {
         let values = match self.link.clone() {
             Link::Single(mut connection) => call.invoke(&mut connection).await,
             Link::Cluster(mut connection) => call.invoke(&mut connection).await,
+            Link::Sentinel(link) => call.invoke(&mut link.connection()).await,
         };
         let values = values.map_err(|error| self.store_error(error))?;
         parse_reply(&values, call.hits.len())
@@ -61,6 +65,7 @@ impl Connection {
         let answer = match self.link.clone() {
             Link::Single(mut connection) => command.query_async(&mut connection).await,
             Link::Cluster(mut connection) => command.query_async(&mut connection).await,
+            Link::Sentinel(link) => command.query_async(&mut link.connection()).await,
         };
         answer.map_err(|error| self.store_error(error))
     }
@@ -75,12 +80,17 @@ impl Connection {
         let answer = match self.link.clone() {
             Link::Single(mut connection) => script.load_async(&mut connection).await,
             Link::Cluster(mut connection) => script.load_async(&mut connection).await,
+            Link::Sentinel(link) => script.load_async(&mut link.connection()).await,
         };
         answer.map(drop).map_err(|error| self.store_error(error))
     }
 
-    /// What a failed Redis call means for the store's callers.
+    /// What a failed Redis call means for the store's callers. Behind sentinels, any failure
+    /// may be a failover: they are asked again.
     fn store_error(&self, error: RedisError) -> StoreError {
+        if let Link::Sentinel(link) = &self.link {
+            link.follow_failover();
+        }
         store_error(error, self.timeout)
     }
 }
@@ -147,14 +157,19 @@ async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
             .build()?;
         return Ok(Link::Cluster(client.get_async_connection().await?));
     }
-    let Some(info) = infos.into_iter().next() else {
-        return Err(RedisError::from((ErrorKind::Client, "no Redis node")));
-    };
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(connect_timeout))
         .set_response_timeout(Some(timeout))
         .set_number_of_retries(2)
         .set_max_delay(Duration::from_millis(10));
+    if spec.sentinel.is_some() {
+        return Ok(Link::Sentinel(
+            SentinelLink::open(spec, config, timeout).await?,
+        ));
+    }
+    let Some(info) = infos.into_iter().next() else {
+        return Err(RedisError::from((ErrorKind::Client, "no Redis node")));
+    };
     let client = redis::Client::open(info)?;
     Ok(Link::Single(
         client.get_connection_manager_with_config(config).await?,

@@ -21,6 +21,7 @@ mod connection;
 pub mod per_second;
 pub mod refund;
 pub mod script;
+mod sentinel;
 pub mod slots;
 mod url;
 

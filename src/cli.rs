@@ -23,6 +23,7 @@ use crate::reload::ReloadOptions;
 use crate::runtime::Flavor;
 use crate::server::Options;
 use crate::service::ServiceOptions;
+use crate::statsd::StatsdOptions;
 use crate::storage::StoreOptions;
 use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
 use crate::storage::stack::StoreSpec;
@@ -242,6 +243,20 @@ pub struct ServeArgs {
     )]
     pub metrics_max_detailed: usize,
 
+    /// Also send the metrics to this statsd server (`host:port`, UDP) under the reference's
+    /// stat names (`ratelimit.service.rate_limit.…`; docs/migrating.md).
+    #[arg(long, env = "TOLLGATE_STATSD", help_heading = "Metrics")]
+    pub statsd: Option<String>,
+
+    /// How often the counters' increase is sent to --statsd.
+    #[arg(long, env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = positive_duration, help_heading = "Metrics")]
+    pub statsd_flush_interval: Duration,
+
+    /// A tag on every stat sent to --statsd, as `key=value` (DogStatsD form); repeat for
+    /// more (in the environment, separate them with `,`).
+    #[arg(long = "statsd-tag", env = "TOLLGATE_STATSD_TAGS", value_delimiter = ',', value_parser = tag, help_heading = "Metrics")]
+    pub statsd_tags: Vec<(String, String)>,
+
     /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
     #[arg(long, env = "TOLLGATE_SHADOW_MODE", help_heading = "Decisions", value_parser = BoolishValueParser::new())]
     pub shadow_mode: bool,
@@ -356,6 +371,16 @@ impl DescriptorArgs {
     }
 }
 
+/// `key=value`, neither empty.
+fn tag(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() && !value.is_empty() => {
+            Ok((key.to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not key=value")),
+    }
+}
+
 /// A duration above zero.
 fn positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
@@ -458,6 +483,11 @@ impl ServeArgs {
             },
             shutdown_delay: self.shutdown_delay,
             ready_needs_rules: self.ready_needs_rules,
+            statsd: self.statsd.clone().map(|address| StatsdOptions {
+                address,
+                every: self.statsd_flush_interval,
+                tags: self.statsd_tags.clone(),
+            }),
             drain_timeout: self.drain_timeout,
             runtime: self.runtime,
             tls: self

@@ -24,7 +24,8 @@
 //!   calls): the load generator.
 //! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags.
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
-//!   `admission`: load shedding; `health`: readiness; `reload`: watching the config.
+//!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
+//!   `statsd`: the metrics sent to statsd under the reference's stat names.
 //! - `limiter`: the decision, free of transport types; `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
 //!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
@@ -70,6 +71,7 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod shutdown;
+pub mod statsd;
 pub mod storage;
 pub mod telemetry;
 pub mod tls;

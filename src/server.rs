@@ -23,6 +23,7 @@ use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rules::RuleSet;
 use crate::runtime::{self, Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
+use crate::statsd::StatsdOptions;
 use crate::storage::CounterStore;
 use crate::tls::{TlsFiles, TlsIncoming};
 
@@ -49,6 +50,8 @@ pub struct Options {
     pub tls: Option<TlsFiles>,
     /// Not ready while the rules name no domain.
     pub ready_needs_rules: bool,
+    /// Send the metrics to statsd too.
+    pub statsd: Option<StatsdOptions>,
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
@@ -67,6 +70,7 @@ impl Default for Options {
             reload_status: Arc::new(ReloadStatus::default()),
             tls: None,
             ready_needs_rules: false,
+            statsd: None,
             runtime: Flavor::default(),
         }
     }
@@ -131,6 +135,8 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("--runtime per-core does not serve TLS yet; use --runtime multi-thread")]
     PerCoreTls,
+    #[error(transparent)]
+    Statsd(#[from] crate::statsd::StatsdError),
 }
 
 /// The gRPC routes: RLS v3, gRPC health, and server reflection (so that `grpcurl list` and
@@ -184,6 +190,10 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let tls = tls_config(&options)?;
     options.metrics.config_loaded(true);
+    let statsd = match options.statsd.clone() {
+        Some(statsd) => Some(crate::statsd::spawn(Arc::clone(&options.metrics), statsd)?),
+        None => None,
+    };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     let reloader = options.reload.clone().map(|reload| {
         crate::reload::spawn(
@@ -239,8 +249,8 @@ pub async fn run(
     tokio::time::sleep(options.shutdown_delay).await;
     let _ = stop.send(true);
     probe.abort();
-    if let Some(reloader) = &reloader {
-        reloader.abort();
+    for task in reloader.iter().chain(&statsd) {
+        task.abort();
     }
     drain(grpc, http, options.drain_timeout).await
 }

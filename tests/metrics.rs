@@ -237,3 +237,75 @@ descriptors:
     assert_eq!(counts("m.p"), [22, 19, 2, 4]);
     assert_eq!(counts("m.q"), [22, 15, 2, 4]);
 }
+
+/// statsd counters received on a UDP socket, summed by name, until `expected` all match or
+/// 20 s pass.
+async fn receive_statsd(
+    socket: &tokio::net::UdpSocket,
+    expected: &[(&str, u64)],
+) -> std::collections::BTreeMap<String, u64> {
+    let mut totals = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut buffer = vec![0u8; 65_536];
+    while !expected
+        .iter()
+        .all(|(name, count)| totals.get(*name) == Some(count))
+    {
+        let Ok(Ok(length)) = tokio::time::timeout_at(deadline, socket.recv(&mut buffer)).await
+        else {
+            break;
+        };
+        for line in String::from_utf8_lossy(&buffer[..length]).lines() {
+            // name:count|c
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let count: u64 = rest.split('|').next().unwrap_or("").parse().unwrap();
+            assert!(rest.ends_with("|c"), "a counter: {line}");
+            *totals.entry(name.to_owned()).or_insert(0) += count;
+        }
+    }
+    totals
+}
+
+#[tokio::test]
+async fn statsd_receives_the_reference_stat_names_with_exact_counts() {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let options = Options {
+        statsd: Some(tollgate::statsd::StatsdOptions {
+            address: socket.local_addr().unwrap().to_string(),
+            every: std::time::Duration::from_millis(100),
+            tags: Vec::new(),
+        }),
+        ..Options::default()
+    };
+    let server = start_with(
+        &[(
+            "stats.yaml",
+            "domain: stats\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+        )],
+        Setup {
+            options,
+            ..Setup::default()
+        },
+    )
+    .await;
+    // 3 admitted (the third past 80% of the limit: near), then 2 over.
+    for _ in 0..5 {
+        server.ok(request("stats", &[&[("user", "a")]])).await;
+    }
+    let expected = [
+        ("ratelimit.service.rate_limit.stats.user.total_hits", 5),
+        ("ratelimit.service.rate_limit.stats.user.within_limit", 3),
+        ("ratelimit.service.rate_limit.stats.user.near_limit", 1),
+        ("ratelimit.service.rate_limit.stats.user.over_limit", 2),
+        ("ratelimit_server.ShouldRateLimit.total_requests", 5),
+        ("ratelimit.service.config_load_success", 1),
+    ];
+    let received = receive_statsd(&socket, &expected).await;
+    let expected_map = expected
+        .iter()
+        .map(|(name, count)| ((*name).to_owned(), *count))
+        .collect();
+    assert_eq!(received, expected_map);
+}

@@ -115,7 +115,7 @@ fn stat_totals(exposition: &str) -> HashMap<String, u64> {
 }
 
 /// The reference's name for one tollgate series, if it has one.
-fn stat_name(metric: &str, labels: &[(String, String)]) -> Option<String> {
+fn stat_name(metric: &str, labels: &Labels) -> Option<String> {
     let label = |name: &str| {
         labels
             .iter()
@@ -157,8 +157,11 @@ fn sanitize(path: &str) -> String {
         .collect()
 }
 
-/// `name{key="value",…} number`: the name, the labels (unescaped) and the value.
-fn sample(line: &str) -> Option<(&str, Vec<(String, String)>, f64)> {
+/// A series' labels, unescaped.
+type Labels = Vec<(String, String)>;
+
+/// `name{key="value",…} number`: the name, the labels and the value.
+fn sample(line: &str) -> Option<(&str, Labels, f64)> {
     let (series, value) = line.rsplit_once(' ')?;
     let value: f64 = value.parse().ok()?;
     let Some((name, rest)) = series.split_once('{') else {

@@ -34,6 +34,9 @@ use crate::tls::TlsFiles;
 #[command(
     name = "tollgate",
     version,
+    // A flag given twice takes its last value: flags typed after those translated from the
+    // reference's environment win.
+    args_override_self = true,
     about = "A rate-limit decision service for Envoy and gRPC clients"
 )]
 pub struct Cli {
@@ -88,8 +91,24 @@ pub struct HealthArgs {
     pub service: String,
 }
 
+/// Where `serve` takes its settings from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvStyle {
+    /// These flags (and their `TOLLGATE_*` variables).
+    #[default]
+    Native,
+    /// envoyproxy/ratelimit's environment variables, with its defaults (as when started as
+    /// `ratelimit`); flags given as well win. See docs/migrating.md.
+    Reference,
+}
+
 #[derive(Debug, Args)]
 pub struct ServeArgs {
+    /// Read envoyproxy/ratelimit's environment variables (`reference`) instead of needing
+    /// these flags; tollgate started as `ratelimit` (the image's /bin/ratelimit) does too.
+    #[arg(long, env = "TOLLGATE_ENV", value_enum, default_value_t = EnvStyle::Native)]
+    pub env: EnvStyle,
+
     /// Directory of YAML rule files (one domain per file).
     #[arg(long, env = "TOLLGATE_CONFIG", help_heading = "Rules")]
     pub config: PathBuf,
@@ -185,6 +204,11 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_STORE_PER_SECOND", help_heading = "Store")]
     pub store_per_second: Option<String>,
 
+    /// Put before every Redis key, so that several deployments can share one Redis (the
+    /// reference's CACHE_KEY_PREFIX).
+    #[arg(long, env = "TOLLGATE_STORE_KEY_PREFIX", default_value = "", value_parser = key_prefix, help_heading = "Store")]
+    pub store_key_prefix: String,
+
     /// File holding the Redis password (overrides one in the URL); a trailing newline is
     /// ignored.
     #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE", help_heading = "Store")]
@@ -242,6 +266,15 @@ pub struct ServeArgs {
         help_heading = "Metrics"
     )]
     pub metrics_max_detailed: usize,
+
+    /// Also serve the metrics alone on this address (at --metrics-path), e.g. for a scrape
+    /// port apart from the admin endpoints.
+    #[arg(long, env = "TOLLGATE_METRICS_ADDR", help_heading = "Metrics")]
+    pub metrics_addr: Option<SocketAddr>,
+
+    /// The path of the metrics on --metrics-addr.
+    #[arg(long, env = "TOLLGATE_METRICS_PATH", default_value = "/metrics", value_parser = url_path, help_heading = "Metrics")]
+    pub metrics_path: String,
 
     /// Also send the metrics to this statsd server (`host:port`, UDP) under the reference's
     /// stat names (`ratelimit.service.rate_limit.…`; docs/migrating.md).
@@ -371,6 +404,24 @@ impl DescriptorArgs {
     }
 }
 
+/// A key prefix without `{` or `}`, which would choose the Redis Cluster slot.
+fn key_prefix(text: &str) -> Result<String, String> {
+    if text.contains(['{', '}']) {
+        Err("must not contain `{` or `}` (they would choose the Redis Cluster slot)".into())
+    } else {
+        Ok(text.to_owned())
+    }
+}
+
+/// An absolute URL path.
+fn url_path(text: &str) -> Result<String, String> {
+    if text.starts_with('/') && !text.contains(char::is_whitespace) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{text:?} is not a path starting with /"))
+    }
+}
+
 /// `key=value`, neither empty.
 fn tag(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
@@ -452,6 +503,7 @@ impl ServeArgs {
             deny_cache_max_ttl: self.deny_cache_max_ttl,
             memory_max_keys: self.memory_max_keys,
             redis_connections: usize::from(self.redis_connections),
+            key_prefix: self.store_key_prefix.clone(),
             runtimes: self.runtime.grpc_runtimes(),
             ..StoreOptions::default()
         }

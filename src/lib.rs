@@ -17,6 +17,8 @@
 //!
 //! # Modules, by layer (each imports only from its own layer or lower ones)
 //!
+//! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes):
+//!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
 //! - `cli`: the command line (`serve`, `check`, `query`, `bench`, `health`); `main.rs` wires it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown.
 //! - `admin` (`admin/json.rs`: the reference's `/json` form): the HTTP endpoints; `query`:
@@ -65,6 +67,7 @@ pub mod metrics;
 pub mod pb;
 pub mod process;
 pub mod query;
+pub mod reference_env;
 pub mod reload;
 pub mod rules;
 pub mod runtime;

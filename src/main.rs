@@ -6,23 +6,61 @@ use clap::Parser;
 use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
 use tollgate::runtime::Flavor;
 use tollgate::storage::stack::build_store;
-use tollgate::{bench, config, pb, query, server, shutdown, telemetry};
+use tollgate::{bench, config, pb, query, reference_env, server, shutdown, telemetry};
 
 /// mimalloc instead of the system allocator (see docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<ExitCode> {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (cli, translation) = match reference_env::command_line(&args, std::env::vars()) {
+        Err(error) => {
+            eprintln!("Error: {error}");
+            return Ok(ExitCode::from(2));
+        }
+        Ok(None) => (Cli::parse(), None),
+        Ok(Some((line, translation))) => match Cli::try_parse_from(line) {
+            Ok(cli) => (cli, Some(translation)),
+            Err(error) => return Ok(reference_error(&error, &translation)),
+        },
+    };
     let flavor = match &cli.command {
         Command::Serve(args) => args.runtime,
         _ => Flavor::MultiThread,
     };
-    flavor.build()?.block_on(run(cli))
+    flavor.build()?.block_on(run(cli, translation))
 }
 
-async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+/// A flag translated from the reference's environment that clap refused: the message names
+/// the variable it came from.
+fn reference_error(error: &clap::Error, translation: &reference_env::Translation) -> ExitCode {
+    use clap::error::{ContextKind, ContextValue};
+    let flag = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => arg.split(' ').next().unwrap_or_default().to_owned(),
+        _ => String::new(),
+    };
+    match translation.source_of(&flag) {
+        Some(variable) => eprintln!("Error: {variable} (as {flag}): {}", error.kind()),
+        None => eprintln!("{error}"),
+    }
+    if let Some(ContextValue::String(value)) = error.get(ContextKind::InvalidValue) {
+        eprintln!("  value: {value:?}");
+    }
+    ExitCode::from(2)
+}
+
+async fn run(
+    cli: Cli,
+    translation: Option<reference_env::Translation>,
+) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&cli.log_level, cli.log_format, &cli.trace)?;
+    if let Some(translation) = &translation {
+        tracing::info!(flags = %translation.args.join(" "), "read envoyproxy/ratelimit's environment");
+        for (variable, why) in &translation.ignored {
+            tracing::warn!(variable = %variable, "ignored: {why}");
+        }
+    }
     match cli.command {
         Command::Serve(args) => serve(*args).await,
         Command::Check(args) => Ok(check(args.target())),
@@ -43,7 +81,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let rules = config::load(&args.config, args.load_options())?;
     let options = args.options();
     let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
-    let listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
+    let mut listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
+    if let Some(addr) = args.metrics_addr {
+        listeners = listeners
+            .with_metrics(addr, args.metrics_path.clone())
+            .await?;
+    }
     tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening");
     server::run(rules, store, options, listeners, shutdown::signal()).await?;
     Ok(ExitCode::SUCCESS)

@@ -80,6 +80,8 @@ impl Default for Options {
 pub struct Listeners {
     pub grpc: TcpListener,
     pub http: TcpListener,
+    /// The metrics alone, with the path they are served at (`--metrics-addr`).
+    pub metrics: Option<(TcpListener, String)>,
 }
 
 impl Listeners {
@@ -88,7 +90,14 @@ impl Listeners {
         Ok(Self {
             grpc: listen("--grpc-addr", grpc).await?,
             http: listen("--http-addr", http).await?,
+            metrics: None,
         })
+    }
+
+    /// Also a listener serving only the metrics, at `path`.
+    pub async fn with_metrics(mut self, addr: SocketAddr, path: String) -> Result<Self, BindError> {
+        self.metrics = Some((listen("--metrics-addr", addr).await?, path));
+        Ok(self)
     }
 }
 
@@ -236,6 +245,12 @@ pub async fn run(
         Arc::clone(&options.metrics),
         Arc::clone(&options.reload_status),
     );
+    let metrics_only = listeners.metrics.map(|(listener, path)| {
+        let router = crate::admin::metrics_router(Arc::clone(&options.metrics), &path);
+        let serving =
+            axum::serve(listener, router).with_graceful_shutdown(wait_for(stopped.clone()));
+        tokio::spawn(async move { serving.await })
+    });
     let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
     let mut http: Serving = tokio::spawn(async move { Ok(http.await?) });
 
@@ -251,6 +266,9 @@ pub async fn run(
     probe.abort();
     for task in reloader.iter().chain(&statsd) {
         task.abort();
+    }
+    if let Some(metrics_only) = metrics_only {
+        metrics_only.abort();
     }
     drain(grpc, http, options.drain_timeout).await
 }

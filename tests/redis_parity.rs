@@ -204,6 +204,7 @@ async fn run_sequence(
                 charge,
                 complete: false,
                 expected: &last.reported,
+                prefix: "",
             };
             call.invoke(connection)
                 .await
@@ -226,6 +227,7 @@ async fn run_sequence(
                 charge,
                 complete: true,
                 expected: &[],
+                prefix: "",
             };
             let values: Vec<i64> = call
                 .invoke(connection)

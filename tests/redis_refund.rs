@@ -42,6 +42,7 @@ async fn send(
         charge: Charge::IfAllowed,
         complete: false,
         expected,
+        prefix: "",
     };
     parse_reply(&call.invoke(connection).await.unwrap(), hits.len()).unwrap()
 }

@@ -61,12 +61,26 @@ pub fn router(
 }
 
 async fn metrics_text(State(admin): State<Admin>) -> Response {
+    exposition(&admin.metrics)
+}
+
+/// The metrics alone at `path`, for a listener of their own (`--metrics-addr`).
+pub fn metrics_router(metrics: Arc<Metrics>, path: &str) -> Router {
+    Router::new()
+        .route(
+            path,
+            get(|State(metrics): State<Arc<Metrics>>| async move { exposition(&metrics) }),
+        )
+        .with_state(metrics)
+}
+
+fn exposition(metrics: &Metrics) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        admin.metrics.render(),
+        metrics.render(),
     )
         .into_response()
 }

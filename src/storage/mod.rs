@@ -138,6 +138,8 @@ pub struct StoreOptions {
     /// a resharding is noticed by the first call it affects anyway, so the period only bounds
     /// how long grouping stays less than ideal.
     pub slot_map_refresh: Duration,
+    /// Put before every Redis key (the reference's CACHE_KEY_PREFIX), to share a Redis.
+    pub key_prefix: String,
     /// `None`: time from the system clock, and in Redis from Redis `TIME`. `Some`: from this
     /// clock everywhere, Redis scripts included (tests).
     pub clock: Option<Arc<dyn Clock>>,
@@ -154,6 +156,7 @@ impl Default for StoreOptions {
             redis_connections: 1,
             runtimes: 1,
             slot_map_refresh: Duration::from_secs(5),
+            key_prefix: String::new(),
             clock: None,
         }
     }

@@ -196,7 +196,7 @@ impl RedisStore {
     }
 
     fn call<'a>(
-        &self,
+        &'a self,
         mode: Mode,
         hits: &'a [Hit],
         node: Option<(&'a str, u16)>,
@@ -210,6 +210,7 @@ impl RedisStore {
             charge: self.options.charge,
             complete,
             expected: &[],
+            prefix: &self.options.key_prefix,
         }
     }
 
@@ -229,7 +230,13 @@ impl RedisStore {
             && (part.failure.is_some() || vetoed(hits, |index| part.outcomes[index].allowed));
         if give {
             let refunds = std::mem::take(&mut part.refunds);
-            give_back(connection, refunds, &mut part.outcomes).await;
+            give_back(
+                connection,
+                &self.options.key_prefix,
+                refunds,
+                &mut part.outcomes,
+            )
+            .await;
         }
         match part.failure {
             Some(error) => Err(error),
@@ -264,7 +271,9 @@ impl RedisStore {
     /// Sends `refunds` of a part (see `apply_part`).
     pub async fn give_back_part(&self, refunds: Vec<Refund>, outcomes: &mut [Outcome]) {
         match self.connection() {
-            Ok(connection) => give_back(connection, refunds, outcomes).await,
+            Ok(connection) => {
+                give_back(connection, &self.options.key_prefix, refunds, outcomes).await;
+            }
             Err(error) => {
                 tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset")
             }
@@ -376,7 +385,8 @@ impl CounterStore for RedisStore {
     async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
         let connection = self.connection()?;
         let deletes = keys.iter().map(|key| {
-            let command = redis::cmd("DEL").arg(key.as_str()).to_owned();
+            let key = [self.options.key_prefix.as_str(), key.as_str()].concat();
+            let command = redis::cmd("DEL").arg(key).to_owned();
             async move { connection.query::<i64>(&command).await }
         });
         for result in futures_util::future::join_all(deletes).await {

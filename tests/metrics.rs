@@ -238,36 +238,6 @@ descriptors:
     assert_eq!(counts("m.q"), [22, 15, 2, 4]);
 }
 
-/// statsd counters received on a UDP socket, summed by name, until `expected` all match or
-/// 20 s pass.
-async fn receive_statsd(
-    socket: &tokio::net::UdpSocket,
-    expected: &[(&str, u64)],
-) -> std::collections::BTreeMap<String, u64> {
-    let mut totals = std::collections::BTreeMap::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    let mut buffer = vec![0u8; 65_536];
-    while !expected
-        .iter()
-        .all(|(name, count)| totals.get(*name) == Some(count))
-    {
-        let Ok(Ok(length)) = tokio::time::timeout_at(deadline, socket.recv(&mut buffer)).await
-        else {
-            break;
-        };
-        for line in String::from_utf8_lossy(&buffer[..length]).lines() {
-            // name:count|c
-            let Some((name, rest)) = line.split_once(':') else {
-                continue;
-            };
-            let count: u64 = rest.split('|').next().unwrap_or("").parse().unwrap();
-            assert!(rest.ends_with("|c"), "a counter: {line}");
-            *totals.entry(name.to_owned()).or_insert(0) += count;
-        }
-    }
-    totals
-}
-
 #[tokio::test]
 async fn statsd_receives_the_reference_stat_names_with_exact_counts() {
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();

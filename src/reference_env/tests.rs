@@ -1,3 +1,6 @@
+use std::path::PathBuf;
+
+use super::variables::VARIABLES;
 use super::*;
 use crate::cli::{Cli, Command};
 use clap::Parser as _;

@@ -2,6 +2,7 @@
 //! a tiny HTTP/1.1 client, request builders, and a guard for a `tollgate` child process.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod envoy;
 pub mod redis_process;
 
 use std::io::{Read, Write};
@@ -591,4 +592,34 @@ pub async fn away_from_the_hour_boundary() {
     if left < 30 {
         tokio::time::sleep(Duration::from_secs(left + 1)).await;
     }
+}
+
+/// statsd counters received on a UDP socket, summed by name, until `expected` all match or
+/// 20 s pass.
+pub async fn receive_statsd(
+    socket: &tokio::net::UdpSocket,
+    expected: &[(&str, u64)],
+) -> std::collections::BTreeMap<String, u64> {
+    let mut totals = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut buffer = vec![0u8; 65_536];
+    while !expected
+        .iter()
+        .all(|(name, count)| totals.get(*name) == Some(count))
+    {
+        let Ok(Ok(length)) = tokio::time::timeout_at(deadline, socket.recv(&mut buffer)).await
+        else {
+            break;
+        };
+        for line in String::from_utf8_lossy(&buffer[..length]).lines() {
+            // name:count|c
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let count: u64 = rest.split('|').next().unwrap_or("").parse().unwrap();
+            assert!(rest.ends_with("|c"), "a counter: {line}");
+            *totals.entry(name.to_owned()).or_insert(0) += count;
+        }
+    }
+    totals
 }

@@ -1,0 +1,411 @@
+//! Reading the reference's variables, section by section, into `serve`'s flags.
+
+use std::collections::HashMap;
+use std::net::ToSocketAddrs;
+use std::path::PathBuf;
+
+use super::translation::{EnvError, Translation, refuse};
+use super::variables::VARIABLES;
+
+pub struct Reader<'a> {
+    pub vars: &'a HashMap<String, String>,
+    pub out: Translation,
+}
+
+impl Reader<'_> {
+    /// The variable's value, or the reference's default when it is unset or empty.
+    fn text(&mut self, name: &str) -> String {
+        self.out.read.insert(name.to_owned());
+        match self.vars.get(name).map(|value| value.trim()) {
+            Some(value) if !value.is_empty() => value.to_owned(),
+            _ => VARIABLES
+                .iter()
+                .find(|variable| variable.name == name)
+                .map_or_else(String::new, |variable| variable.default.to_owned()),
+        }
+    }
+
+    /// A boolean as Go's `strconv.ParseBool` reads it.
+    fn switch(&mut self, name: &str) -> Result<bool, EnvError> {
+        match self.text(name).as_str() {
+            "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+            "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+            other => Err(refuse(name, format!("{other:?} is not true or false"))),
+        }
+    }
+
+    /// `flag value`, from `variable`.
+    fn flag(&mut self, flag: &str, value: impl Into<String>, variable: &str) {
+        self.out.args.extend([flag.to_owned(), value.into()]);
+        self.out
+            .sources
+            .push((flag.to_owned(), variable.to_owned()));
+    }
+
+    /// A boolean flag, set when `variable` is true.
+    fn flag_if(&mut self, variable: &str, flag: &str) -> Result<(), EnvError> {
+        if self.switch(variable)? {
+            self.out.args.push(flag.to_owned());
+        }
+        Ok(())
+    }
+
+    pub fn listeners(&mut self) -> Result<(), EnvError> {
+        let http = address(&self.text("HOST"), &self.text("PORT"), "HOST", "PORT")?;
+        self.flag("--http-addr", http, "PORT");
+        let grpc = address(
+            &self.text("GRPC_HOST"),
+            &self.text("GRPC_PORT"),
+            "GRPC_HOST",
+            "GRPC_PORT",
+        )?;
+        self.flag("--grpc-addr", grpc, "GRPC_PORT");
+        if !self.text("GRPC_UDS").is_empty() {
+            return Err(refuse(
+                "GRPC_UDS",
+                "gRPC on a Unix socket is not supported yet; serve on GRPC_HOST:GRPC_PORT",
+            ));
+        }
+        if !self.switch("GRPC_SERVER_USE_TLS")? {
+            return Ok(());
+        }
+        for (variable, flag) in [
+            ("GRPC_SERVER_TLS_CERT", "--tls-cert"),
+            ("GRPC_SERVER_TLS_KEY", "--tls-key"),
+        ] {
+            let path = self.text(variable);
+            if path.is_empty() {
+                return Err(refuse(
+                    variable,
+                    "required when GRPC_SERVER_USE_TLS is true",
+                ));
+            }
+            self.flag(flag, path, variable);
+        }
+        let client_ca = self.text("GRPC_CLIENT_TLS_CACERT");
+        if !client_ca.is_empty() {
+            self.flag("--tls-client-ca", client_ca, "GRPC_CLIENT_TLS_CACERT");
+        }
+        if !self.text("GRPC_CLIENT_TLS_SAN").is_empty() {
+            return Err(refuse(
+                "GRPC_CLIENT_TLS_SAN",
+                "checking the client certificate's SAN is not supported yet; unset it to accept any client certificate GRPC_CLIENT_TLS_CACERT signed",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn logging(&mut self) -> Result<(), EnvError> {
+        let level = match self.text("LOG_LEVEL").to_ascii_lowercase().as_str() {
+            "trace" => "trace",
+            "debug" => "debug",
+            "info" => "info",
+            "warn" | "warning" => "warn",
+            "error" | "fatal" | "panic" => "error",
+            other => {
+                return Err(refuse(
+                    "LOG_LEVEL",
+                    format!("{other:?} is not a level (debug, info, warn, error)"),
+                ));
+            }
+        };
+        self.flag("--log-level", level, "LOG_LEVEL");
+        let format = self.text("LOG_FORMAT").to_ascii_lowercase();
+        if !matches!(format.as_str(), "text" | "json") {
+            return Err(refuse(
+                "LOG_FORMAT",
+                format!("{format:?}: expected text or json"),
+            ));
+        }
+        self.flag("--log-format", format, "LOG_FORMAT");
+        Ok(())
+    }
+
+    pub fn config(&mut self) -> Result<(), EnvError> {
+        match self.text("CONFIG_TYPE").to_ascii_uppercase().as_str() {
+            "FILE" => {}
+            "GRPC_XDS_SOTW" => {
+                return Err(refuse(
+                    "CONFIG_TYPE",
+                    "GRPC_XDS_SOTW (rules pushed over xDS) is not supported yet; tollgate reads rules from files (CONFIG_TYPE=FILE)",
+                ));
+            }
+            other => {
+                return Err(refuse(
+                    "CONFIG_TYPE",
+                    format!("{other:?}: expected FILE or GRPC_XDS_SOTW"),
+                ));
+            }
+        }
+        let mut dir = PathBuf::from(self.text("RUNTIME_ROOT"));
+        for part in ["RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"] {
+            let part = self.text(part);
+            if !part.is_empty() {
+                dir.push(part);
+            }
+        }
+        self.flag("--config", dir.display().to_string(), "RUNTIME_ROOT");
+        // The reference reads every file under the directory, whatever its name.
+        self.out.args.push("--config-every-file".into());
+        if !self.switch("RUNTIME_IGNOREDOTFILES")? {
+            self.out.args.push("--config-dotfiles".into());
+        }
+        // With RUNTIME_WATCH_ROOT the reference reloads when RUNTIME_ROOT, a link, is swapped
+        // to another directory: a watch on the old directory would not see that, a poll does.
+        if self.switch("RUNTIME_WATCH_ROOT")? {
+            self.flag("--config-poll", "1s", "RUNTIME_WATCH_ROOT");
+        }
+        self.flag_if("MERGE_DOMAIN_CONFIG", "--merge-domains")?;
+        self.flag_if(
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+            "--ready-needs-rules",
+        )
+    }
+
+    pub fn behaviour(&mut self) -> Result<(), EnvError> {
+        match self.text("BACKEND_TYPE").to_ascii_lowercase().as_str() {
+            "redis" => {}
+            "memcache" => {
+                return Err(refuse(
+                    "BACKEND_TYPE",
+                    "memcache is not supported: tollgate keeps counters in Redis (or in memory)",
+                ));
+            }
+            other => return Err(refuse("BACKEND_TYPE", format!("{other:?}: expected redis"))),
+        }
+        let prefix = self.text("CACHE_KEY_PREFIX");
+        if !prefix.is_empty() {
+            self.flag("--store-key-prefix", prefix, "CACHE_KEY_PREFIX");
+        }
+        let bytes = self.text("LOCAL_CACHE_SIZE_IN_BYTES");
+        let bytes: u64 = bytes.parse().map_err(|_| {
+            refuse(
+                "LOCAL_CACHE_SIZE_IN_BYTES",
+                format!("{bytes:?} is not a number of bytes"),
+            )
+        })?;
+        // An entry of the deny cache costs about 128 bytes.
+        let entries = bytes.div_ceil(128);
+        self.flag(
+            "--deny-cache-size",
+            entries.to_string(),
+            "LOCAL_CACHE_SIZE_IN_BYTES",
+        );
+        let ratio = self.text("NEAR_LIMIT_RATIO");
+        self.flag("--near-limit-ratio", ratio, "NEAR_LIMIT_RATIO");
+        if !self.switch("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+            self.out.args.push("--count-denied".into());
+        }
+        self.flag_if("SHADOW_MODE", "--shadow-mode")?;
+        self.flag_if("QUOTA_MODE", "--quota-mode")?;
+        self.flag_if("RESPONSE_DYNAMIC_METADATA", "--dynamic-metadata")?;
+        if self.switch("LIMIT_RESPONSE_HEADERS_ENABLED")? {
+            self.flag(
+                "--response-headers",
+                "legacy",
+                "LIMIT_RESPONSE_HEADERS_ENABLED",
+            );
+            let names = [
+                "LIMIT_LIMIT_HEADER",
+                "LIMIT_REMAINING_HEADER",
+                "LIMIT_RESET_HEADER",
+            ]
+            .map(|name| self.text(name));
+            self.flag(
+                "--legacy-header-names",
+                names.join(","),
+                "LIMIT_LIMIT_HEADER",
+            );
+        }
+        Ok(())
+    }
+
+    pub fn stores(&mut self) -> Result<(), EnvError> {
+        for variable in [
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+            "REDIS_TLS_CACERT",
+        ] {
+            if !self.text(variable).is_empty() {
+                return Err(refuse(
+                    variable,
+                    "client certificates and a private CA for Redis are not supported yet",
+                ));
+            }
+        }
+        let main = self.store_url("REDIS_")?;
+        self.flag("--store", main, "REDIS_URL");
+        if self.switch("REDIS_PERSECOND")? {
+            let per_second = self.store_url("REDIS_PERSECOND_")?;
+            self.flag("--store-per-second", per_second, "REDIS_PERSECOND_URL");
+        }
+        let timeout = self.text("REDIS_TIMEOUT");
+        self.flag("--store-timeout", timeout, "REDIS_TIMEOUT");
+        Ok(())
+    }
+
+    /// The `--store` URL the `prefix`ed variables (`REDIS_` or `REDIS_PERSECOND_`) describe.
+    fn store_url(&mut self, prefix: &str) -> Result<String, EnvError> {
+        let name = |suffix: &str| format!("{prefix}{suffix}");
+        let socket = self.text(&name("SOCKET_TYPE")).to_ascii_lowercase();
+        let kind = self.text(&name("TYPE")).to_ascii_lowercase();
+        let url = self.text(&name("URL"));
+        let auth = credentials(&self.text(&name("AUTH")));
+        let tls = self.switch(&name("TLS"))?;
+        let insecure = self.switch("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?;
+        let sentinel_auth = credentials(&self.text(&name("SENTINEL_AUTH")));
+        if !matches!(kind.as_str(), "single" | "sentinel" | "cluster") {
+            return Err(refuse(
+                &name("TYPE"),
+                format!("{kind:?}: expected single, sentinel or cluster"),
+            ));
+        }
+        if !matches!(socket.as_str(), "unix" | "tcp") {
+            return Err(refuse(
+                &name("SOCKET_TYPE"),
+                format!("{socket:?}: expected unix or tcp"),
+            ));
+        }
+        if socket == "unix" {
+            if kind != "single" {
+                return Err(refuse(
+                    &name("SOCKET_TYPE"),
+                    format!("unix works with {} single only", name("TYPE")),
+                ));
+            }
+            let query = match auth.as_deref() {
+                None => String::new(),
+                Some(userinfo) => match userinfo.trim_end_matches('@').split_once(':') {
+                    Some(("", pass)) => format!("?pass={pass}"),
+                    Some((user, pass)) => format!("?user={user}&pass={pass}"),
+                    None => String::new(),
+                },
+            };
+            return Ok(format!("unix://{url}{query}"));
+        }
+        let scheme = if tls { "rediss" } else { "redis" };
+        let userinfo = auth.unwrap_or_default();
+        match kind.as_str() {
+            "single" => {
+                let fragment = if tls && insecure { "/#insecure" } else { "" };
+                Ok(format!("{scheme}://{userinfo}{url}{fragment}"))
+            }
+            "sentinel" => {
+                let Some((master, sentinels)) = url.split_once(',') else {
+                    return Err(refuse(
+                        &name("URL"),
+                        "a sentinel URL is `master,host:port[,host:port…]`",
+                    ));
+                };
+                let query = match sentinel_auth {
+                    None => String::new(),
+                    Some(userinfo) => match userinfo.trim_end_matches('@').split_once(':') {
+                        Some(("", pass)) => format!("?sentinel_pass={pass}"),
+                        Some((user, pass)) => format!("?sentinel_user={user}&sentinel_pass={pass}"),
+                        None => String::new(),
+                    },
+                };
+                Ok(format!(
+                    "{scheme}-sentinel://{userinfo}{sentinels}/{master}{query}"
+                ))
+            }
+            _ => Ok(format!("{scheme}-cluster://{userinfo}{url}")),
+        }
+    }
+
+    pub fn stats(&mut self) -> Result<(), EnvError> {
+        let (plain, dog) = (self.switch("USE_STATSD")?, self.switch("USE_DOG_STATSD")?);
+        let statsd = plain || dog;
+        if statsd && !self.switch("DISABLE_STATS")? {
+            let host = self.text("STATSD_HOST");
+            let port = self.text("STATSD_PORT");
+            self.flag("--statsd", format!("{host}:{port}"), "STATSD_HOST");
+            let every = self.text("STATS_FLUSH_INTERVAL");
+            self.flag("--statsd-flush-interval", every, "STATS_FLUSH_INTERVAL");
+            let tags = self.text("EXTRA_TAGS");
+            for tag in tags.split(',').filter(|tag| !tag.is_empty()) {
+                let Some((key, value)) = tag.split_once(':') else {
+                    return Err(refuse("EXTRA_TAGS", format!("{tag:?} is not key:value")));
+                };
+                self.flag("--statsd-tag", format!("{key}={value}"), "EXTRA_TAGS");
+            }
+        }
+        if self.switch("USE_PROMETHEUS")? {
+            let addr = self.text("PROMETHEUS_ADDR");
+            let (host, port) = addr.rsplit_once(':').unwrap_or(("", addr.as_str()));
+            let host = if host.is_empty() { "0.0.0.0" } else { host };
+            let addr = address(host, port, "PROMETHEUS_ADDR", "PROMETHEUS_ADDR")?;
+            self.flag("--metrics-addr", addr, "PROMETHEUS_ADDR");
+            let path = self.text("PROMETHEUS_PATH");
+            self.flag("--metrics-path", path, "PROMETHEUS_PATH");
+        }
+        Ok(())
+    }
+
+    pub fn tracing(&mut self) -> Result<(), EnvError> {
+        if !self.switch("TRACING_ENABLED")? {
+            self.flag("--traces", "off", "TRACING_ENABLED");
+            return Ok(());
+        }
+        self.flag("--traces", "on", "TRACING_ENABLED");
+        let protocol = self.text("TRACING_EXPORTER_PROTOCOL").to_ascii_lowercase();
+        if protocol != "grpc" {
+            return Err(refuse(
+                "TRACING_EXPORTER_PROTOCOL",
+                format!(
+                    "{protocol:?}: tollgate exports OTLP over gRPC only; set grpc (and the collector's gRPC port, usually 4317)"
+                ),
+            ));
+        }
+        for (variable, flag) in [
+            ("TRACING_SERVICE_NAME", "--trace-service-name"),
+            ("TRACING_SERVICE_NAMESPACE", "--trace-service-namespace"),
+            ("TRACING_SERVICE_INSTANCE_ID", "--trace-service-instance-id"),
+            ("TRACING_SAMPLING_RATE", "--trace-sampling-ratio"),
+        ] {
+            let value = self.text(variable);
+            if !value.is_empty() {
+                self.flag(flag, value, variable);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `host:port` as a listen address; a name is resolved now, so that a bad one is reported
+/// with its variable.
+fn address(
+    host: &str,
+    port: &str,
+    host_variable: &str,
+    port_variable: &str,
+) -> Result<String, EnvError> {
+    let port: u16 = port
+        .parse()
+        .map_err(|_| refuse(port_variable, format!("{port:?} is not a port")))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let resolved = (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut addresses| addresses.next());
+    match resolved {
+        Some(address) => Ok(address.to_string()),
+        None => Err(refuse(
+            host_variable,
+            format!("{host:?} is not an address of this host"),
+        )),
+    }
+}
+
+/// `pass` or `user:pass` as URL user information (`user:pass@`, `:pass@`), percent-encoded;
+/// `None` when empty.
+fn credentials(auth: &str) -> Option<String> {
+    if auth.is_empty() {
+        return None;
+    }
+    let (user, pass) = auth.split_once(':').unwrap_or(("", auth));
+    let encode = |text: &str| {
+        percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    Some(format!("{}:{}@", encode(user), encode(pass)))
+}

@@ -1,0 +1,236 @@
+//! envoyproxy/ratelimit's own deployment with only the image changed: tollgate started as
+//! `ratelimit` (the image's /bin/ratelimit is a link to it) with the environment of the
+//! reference's docker-compose example (Redis over TCP, the rules under RUNTIME_ROOT, statsd),
+//! and a variant serving mutual TLS, each behind a real Envoy that limits exactly as the rules
+//! say.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::envoy::*;
+use common::redis_process::RedisServer;
+use common::*;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+
+/// `dir/ratelimit`, a link to the tollgate binary, as the image's /bin/ratelimit.
+fn ratelimit_link(dir: &Path) -> PathBuf {
+    let link = dir.join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tollgate"), &link).unwrap();
+    link
+}
+
+/// RUNTIME_ROOT as the compose example mounts it: the rules in `ratelimit/config/`, here in a
+/// file named without `.yaml` (the reference reads every file).
+fn runtime_root(dir: &Path) -> PathBuf {
+    let root = dir.join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::copy("deploy/config/edge.yaml", config.join("edge")).unwrap();
+    root
+}
+
+/// Starts `ratelimit` with only `env` (and loopback listeners), and waits until it is ready.
+async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> ChildGuard {
+    let http = free_port();
+    let log = std::fs::File::create(dir.join("ratelimit.log")).unwrap();
+    let child = Command::new(ratelimit_link(dir))
+        .env_clear()
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn ratelimit");
+    let process = ChildGuard(child);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], http));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = tokio::net::TcpStream::connect(addr).await.is_ok()
+            && common::http(addr, "GET", "/readyz", "").await.0 == 200;
+        if ready {
+            return process;
+        }
+        let log = std::fs::read_to_string(dir.join("ratelimit.log")).unwrap_or_default();
+        assert!(
+            Instant::now() < deadline,
+            "ratelimit never became ready:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let grpc = free_port();
+    // The compose example's variables, with this machine's addresses.
+    let env = [
+        ("USE_STATSD", "true".to_owned()),
+        ("STATSD_HOST", "127.0.0.1".to_owned()),
+        (
+            "STATSD_PORT",
+            statsd.local_addr().unwrap().port().to_string(),
+        ),
+        ("STATS_FLUSH_INTERVAL", "200ms".to_owned()),
+        ("LOG_LEVEL", "debug".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        (
+            "RUNTIME_ROOT",
+            runtime_root(dir.path()).display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
+        ("CONFIG_TYPE", "FILE".to_owned()),
+    ];
+    let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
+    let ports = ports([grpc, grpc]);
+    let _envoy = start_envoy(&ports, dir.path(), None).await;
+
+    limits_hold(&ports, "alice").await;
+    assert!(redis.dbsize() >= 4, "the counters are in Redis");
+    // 4 calls for alice (3 admitted, the third past 80% of 3: near), 1 for another user.
+    let expected = [
+        ("ratelimit.service.rate_limit.edge.user.total_hits", 5),
+        ("ratelimit.service.rate_limit.edge.user.within_limit", 4),
+        ("ratelimit.service.rate_limit.edge.user.near_limit", 1),
+        ("ratelimit.service.rate_limit.edge.user.over_limit", 1),
+        ("ratelimit_server.ShouldRateLimit.total_requests", 11),
+        ("ratelimit.service.config_load_success", 1),
+    ];
+    let received = receive_statsd(&statsd, &expected).await;
+    for (name, count) in expected {
+        assert_eq!(received.get(name), Some(&count), "{name} in {received:?}");
+    }
+}
+
+/// A CA's certificate PEM and its issuer.
+fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let pem = params.self_signed(&key).unwrap().pem();
+    (pem, Issuer::new(params, key))
+}
+
+/// A certificate for `name` signed by `issuer`, written as `dir/stem.crt` and `dir/stem.key`.
+fn leaf(
+    dir: &Path,
+    stem: &str,
+    name: &str,
+    issuer: &Issuer<'static, KeyPair>,
+) -> (PathBuf, PathBuf) {
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_owned()])
+        .unwrap()
+        .signed_by(&key, issuer)
+        .unwrap();
+    let (cert_path, key_path) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (cert_path, key_path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_grpc_server_use_tls_and_a_client_ca_envoy_reaches_it_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start();
+    let (server_ca, server_issuer) = ca("tollgate server CA");
+    let (client_ca, client_issuer) = ca("envoy client CA");
+    let (server_cert, server_key) = leaf(dir.path(), "server", "localhost", &server_issuer);
+    let (envoy_cert, envoy_key) = leaf(dir.path(), "envoy", "envoy", &client_issuer);
+    let (server_ca_path, client_ca_path) = (
+        dir.path().join("server-ca.crt"),
+        dir.path().join("client-ca.crt"),
+    );
+    std::fs::write(&server_ca_path, server_ca).unwrap();
+    std::fs::write(&client_ca_path, client_ca).unwrap();
+    let grpc = free_port();
+    let env = [
+        ("USE_STATSD", "false".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        (
+            "RUNTIME_ROOT",
+            runtime_root(dir.path()).display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
+        ("GRPC_SERVER_USE_TLS", "true".to_owned()),
+        ("GRPC_SERVER_TLS_CERT", server_cert.display().to_string()),
+        ("GRPC_SERVER_TLS_KEY", server_key.display().to_string()),
+        (
+            "GRPC_CLIENT_TLS_CACERT",
+            client_ca_path.display().to_string(),
+        ),
+    ];
+    let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
+    let ports = ports([grpc, grpc]);
+    let tls = UpstreamTls {
+        ca: server_ca_path,
+        cert: envoy_cert,
+        key: envoy_key,
+    };
+    let _envoy = start_envoy(&ports, dir.path(), Some(&tls)).await;
+    limits_hold(&ports, "carol").await;
+    // Fail-closed proves every answer came over TLS: a refused handshake would be a 503.
+    assert_eq!(
+        statuses(ports.fail_closed, "/api", "dave", 4).await,
+        [200, 200, 200, 429]
+    );
+}
+
+#[test]
+fn a_value_tollgate_cannot_honour_stops_startup_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let output = Command::new(ratelimit_link_once(dir.path()))
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(&[("BACKEND_TYPE", "memcache")]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("BACKEND_TYPE: memcache is not supported"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("CONFIG_TYPE: GRPC_XDS_SOTW"), "{stderr}");
+    // A value clap refuses is reported against the variable it came from.
+    let (code, stderr) = run(&[("NEAR_LIMIT_RATIO", "1.5")]);
+    assert_eq!(code, Some(2));
+    assert!(
+        stderr.contains("NEAR_LIMIT_RATIO (as --near-limit-ratio)"),
+        "{stderr}"
+    );
+}
+
+/// The link, made once per directory.
+fn ratelimit_link_once(dir: &Path) -> PathBuf {
+    let link = dir.join("ratelimit");
+    if !link.exists() {
+        ratelimit_link(dir);
+    }
+    link
+}

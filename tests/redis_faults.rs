@@ -433,3 +433,59 @@ async fn redis_over_a_unix_socket_counts_as_over_tcp() {
     // The counter is in that Redis (reached over TCP here).
     assert_eq!(redis.dbsize(), 1);
 }
+
+/// `--store-key-prefix` (the reference's CACHE_KEY_PREFIX): every key in Redis starts with it,
+/// counting is unchanged, and a reset finds the prefixed key. Also `--metrics-addr`: the
+/// metrics alone on a port of their own, at `--metrics-path`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_prefix_goes_before_every_redis_key_and_metrics_get_their_own_port() {
+    let redis = common::redis_process::RedisServer::start();
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let metrics_port = free_port();
+    let replica = Replica::spawn(
+        config.path(),
+        &[
+            "--store",
+            &redis.url(),
+            "--store-key-prefix",
+            "team-a:",
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics_port}"),
+            "--metrics-path",
+            "/stats/prometheus",
+        ],
+    );
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    for remaining in [9, 8] {
+        let response = client
+            .should_rate_limit(user("a"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.statuses[0].limit_remaining, remaining);
+    }
+    let keys = redis.try_query(&["KEYS", "*"]).unwrap();
+    let keys: Vec<String> = redis::from_redis_value(keys).unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with("team-a:tollgate:v1:{"), "{keys:?}");
+    let body = r#"{"domain":"faults","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+    assert_eq!(
+        http(replica.http_addr(), "POST", "/reset", body).await,
+        (200, r#"{"reset":1}"#.to_owned())
+    );
+    assert_eq!(redis.dbsize(), 0);
+
+    let metrics = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let (status, text) = http(metrics, "GET", "/stats/prometheus", "").await;
+    assert_eq!(status, 200);
+    assert!(
+        text.contains("tollgate_requests_total{code=\"OK\"} 2"),
+        "{text}"
+    );
+    assert_eq!(
+        http(metrics, "GET", "/json", "").await.0,
+        404,
+        "only the metrics there"
+    );
+}

@@ -165,3 +165,31 @@ async fn wait_for_failed_reload(server: &TestServer) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: not ready while the rules name
+/// no domain, ready once a reload brings one.
+#[tokio::test]
+async fn ready_needs_rules_waits_for_a_domain() {
+    let mut setup = watching(Some(Duration::from_millis(100)));
+    setup.options.ready_needs_rules = true;
+    setup.options.probe_every = Duration::from_millis(100);
+    let server = start_with(&[], setup).await;
+    let readyz = || async { server.http("GET", "/readyz", "").await.0 };
+    assert_eq!(readyz().await, 500);
+    write(server.config_dir(), "a.yaml", &limits("a", 5));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while readyz().await != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready after a domain arrived"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // And not again if the rules lose their last domain.
+    std::fs::remove_file(server.config_dir().join("a.yaml")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while readyz().await != 500 {
+        assert!(Instant::now() < deadline, "still ready with no domain");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

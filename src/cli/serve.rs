@@ -65,7 +65,7 @@ pub struct ServeArgs {
     #[arg(long, env = "TOLLGATE_MERGE_DOMAINS", help_heading = "Rules", value_parser = BoolishValueParser::new())]
     pub merge_domains: bool,
 
-    /// Report not ready (health NOT_SERVING, /readyz 503) while the rules name no domain (the
+    /// Report not ready (health NOT_SERVING, /readyz 500) while the rules name no domain (the
     /// reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
     #[arg(long, env = "TOLLGATE_READY_NEEDS_RULES", help_heading = "Rules", value_parser = BoolishValueParser::new())]
     pub ready_needs_rules: bool,

@@ -219,6 +219,27 @@ mod tests {
     }
 
     #[test]
+    fn every_serve_flag_is_documented_in_the_configuration_guide() {
+        use clap::CommandFactory as _;
+        let guide = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/configuration.md"
+        ))
+        .unwrap();
+        let command = Cli::command();
+        let serve = command.find_subcommand("serve").unwrap();
+        let undocumented: Vec<String> = serve
+            .get_arguments()
+            .chain(command.get_arguments())
+            .filter_map(|arg| arg.get_long())
+            .filter(|long| !matches!(*long, "help" | "version"))
+            .filter(|long| !guide.contains(&format!("`--{long}")))
+            .map(|long| format!("--{long}"))
+            .collect();
+        assert!(undocumented.is_empty(), "not in docs/configuration.md: {undocumented:?}");
+    }
+
+    #[test]
     fn serve_defaults_match_the_reference_ports() {
         let cli = Cli::try_parse_from(["tollgate", "serve", "--config", "cfg"]).unwrap();
         let Command::Serve(args) = cli.command else {

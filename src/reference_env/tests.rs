@@ -348,3 +348,36 @@ fn started_as_ratelimit_or_with_env_reference_and_typed_flags_win() {
             .is_none()
     );
 }
+
+/// The row docs/migrating.md has for a variable.
+fn doc_row(variable: &variables::Variable) -> String {
+    let name = if variable.name.ends_with('_') {
+        format!("{}*", variable.name)
+    } else {
+        variable.name.to_owned()
+    };
+    let default = if variable.default.is_empty() {
+        "empty".to_owned()
+    } else {
+        format!("`{}`", variable.default)
+    };
+    let treatment = match variable.treatment {
+        Treatment::Honoured(flags) => format!("honoured: {flags}"),
+        Treatment::Ignored(why) => format!("ignored: {why}"),
+    };
+    format!("| `{name}` | {default} | {treatment} |")
+}
+
+#[test]
+fn the_migration_guide_lists_every_variable_as_the_code_does() {
+    let guide =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/migrating.md")).unwrap();
+    let documented: Vec<&str> = guide
+        .lines()
+        .skip_while(|line| !line.starts_with("| variable | reference default | tollgate |"))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .collect();
+    let expected: Vec<String> = VARIABLES.iter().map(doc_row).collect();
+    assert_eq!(documented, expected, "docs/migrating.md's variable table");
+}

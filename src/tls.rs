@@ -1,6 +1,6 @@
 //! TLS and mutual TLS on the gRPC listener (rustls, ring). `--tls-cert`/`--tls-key` serve
 //! TLS; `--tls-client-ca` also requires every client to present a certificate signed by that
-//! CA. The files are checked for changes (modification time and size) at most once a second
+//! CA, and `--tls-client-san` one valid for that name. The files are checked for changes (modification time and size) at most once a second
 //! as connections arrive, and a changed set is loaded for the next handshakes, so rotated
 //! certificates (cert-manager, a renewed Secret) are picked up without a restart; a set that
 //! fails to load is logged and the previous one stays in use.
@@ -11,10 +11,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 
-use rustls::RootCertStore;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -36,6 +40,8 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// Require client certificates signed by this CA (mutual TLS).
     pub client_ca: Option<PathBuf>,
+    /// And valid for this DNS name or IP address (a subject alternative name).
+    pub client_san: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,10 +81,22 @@ impl TlsFiles {
                         .add(cert.map_err(|e| error(ca, e))?)
                         .map_err(|e| error(ca, e))?;
                 }
-                let verifier =
+                let mut verifier: Arc<dyn ClientCertVerifier> =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .map_err(|e| error(ca, e))?;
+                if let Some(san) = &self.client_san {
+                    let name = ServerName::try_from(san.clone()).map_err(|_| {
+                        error(
+                            ca,
+                            format!("--tls-client-san {san:?} is not a DNS name or an IP address"),
+                        )
+                    })?;
+                    verifier = Arc::new(NamedClients {
+                        inner: verifier,
+                        name,
+                    });
+                }
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
@@ -101,6 +119,59 @@ impl TlsFiles {
                     .and_then(|m| Some((m.modified().ok()?, m.len())))
             })
             .collect()
+    }
+}
+
+/// Client certificates the CA signed that are also valid for one name (the reference's
+/// GRPC_CLIENT_TLS_SAN).
+#[derive(Debug)]
+struct NamedClients {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let certificate = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        certificate
+            .verify_is_valid_for_subject_name(&self.name)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::NotValidForName))?;
+        Ok(verified)
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 

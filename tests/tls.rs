@@ -91,6 +91,7 @@ async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_
                     cert: certs.path().join("server.crt"),
                     key: certs.path().join("server.key"),
                     client_ca: Some(certs.path().join("client-ca.crt")),
+                    client_san: None,
                 }),
                 ..Options::default()
             },
@@ -138,6 +139,41 @@ async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_
         call(port, &server_ca.pem, Some(client)).await.is_err(),
         "the old certificate is gone"
     );
+}
+
+/// `--tls-client-san` (the reference's GRPC_CLIENT_TLS_SAN): of the clients the CA signed,
+/// only those whose certificate is valid for the name are served.
+#[tokio::test]
+async fn a_required_client_san_refuses_certificates_for_other_names() {
+    let certs = tempfile::tempdir().unwrap();
+    let server_ca = ca("server ca");
+    let client_ca = ca("client ca");
+    write_server_cert(certs.path(), &server_ca);
+    std::fs::write(certs.path().join("client-ca.crt"), &client_ca.pem).unwrap();
+    let server = start_with(
+        &[("t.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                tls: Some(TlsFiles {
+                    cert: certs.path().join("server.crt"),
+                    key: certs.path().join("server.key"),
+                    client_ca: Some(certs.path().join("client-ca.crt")),
+                    client_san: Some("envoy.edge.svc".into()),
+                }),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    let port = server.grpc.port();
+    let other = leaf(&client_ca, &["someone.else.svc"]);
+    assert!(
+        call(port, &server_ca.pem, Some(other)).await.is_err(),
+        "a certificate for another name"
+    );
+    let envoy = leaf(&client_ca, &["envoy.edge.svc"]);
+    assert_eq!(call(port, &server_ca.pem, Some(envoy)).await, Ok(4));
 }
 
 #[test]
@@ -202,6 +238,7 @@ async fn query_and_health_reach_a_mutual_tls_server_with_a_private_ca() {
                     cert: dir.join("server.crt"),
                     key: dir.join("server.key"),
                     client_ca: Some(dir.join("client-ca.crt")),
+                    client_san: None,
                 }),
                 ..Options::default()
             },

@@ -236,7 +236,10 @@ mod tests {
             .filter(|long| !guide.contains(&format!("`--{long}")))
             .map(|long| format!("--{long}"))
             .collect();
-        assert!(undocumented.is_empty(), "not in docs/configuration.md: {undocumented:?}");
+        assert!(
+            undocumented.is_empty(),
+            "not in docs/configuration.md: {undocumented:?}"
+        );
     }
 
     #[test]

@@ -107,6 +107,16 @@ pub struct ServeArgs {
     )]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// With --tls-client-ca, also require the client certificate to be valid for this DNS
+    /// name or IP address (a subject alternative name; the reference's GRPC_CLIENT_TLS_SAN).
+    #[arg(
+        long,
+        env = "TOLLGATE_TLS_CLIENT_SAN",
+        requires = "tls_client_ca",
+        help_heading = "Listeners and TLS"
+    )]
+    pub tls_client_san: Option<String>,
+
     /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
     #[arg(
         long,
@@ -396,6 +406,7 @@ impl ServeArgs {
                     cert,
                     key,
                     client_ca: self.tls_client_ca.clone(),
+                    client_san: self.tls_client_san.clone(),
                 }),
             reload: Some(ReloadOptions {
                 dir: self.config.clone(),

@@ -84,13 +84,21 @@ impl Reader<'_> {
         }
         let client_ca = self.text("GRPC_CLIENT_TLS_CACERT");
         if !client_ca.is_empty() {
-            self.flag("--tls-client-ca", client_ca, "GRPC_CLIENT_TLS_CACERT");
+            self.flag(
+                "--tls-client-ca",
+                client_ca.clone(),
+                "GRPC_CLIENT_TLS_CACERT",
+            );
         }
-        if !self.text("GRPC_CLIENT_TLS_SAN").is_empty() {
-            return Err(refuse(
-                "GRPC_CLIENT_TLS_SAN",
-                "checking the client certificate's SAN is not supported yet; unset it to accept any client certificate GRPC_CLIENT_TLS_CACERT signed",
-            ));
+        let san = self.text("GRPC_CLIENT_TLS_SAN");
+        if !san.is_empty() {
+            if client_ca.is_empty() {
+                return Err(refuse(
+                    "GRPC_CLIENT_TLS_SAN",
+                    "needs GRPC_CLIENT_TLS_CACERT (client certificates are checked only with a client CA)",
+                ));
+            }
+            self.flag("--tls-client-san", san, "GRPC_CLIENT_TLS_SAN");
         }
         Ok(())
     }

@@ -124,12 +124,14 @@ fn listeners_logging_and_tls() {
         ("GRPC_SERVER_TLS_CERT", "/c.pem"),
         ("GRPC_SERVER_TLS_KEY", "/k.pem"),
         ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
+        ("GRPC_CLIENT_TLS_SAN", "envoy.edge.svc"),
     ]);
     assert_eq!(args.http_addr.to_string(), "127.0.0.1:9080");
     assert_eq!(args.grpc_addr.to_string(), "[::1]:9081");
     assert_eq!(args.tls_cert, Some(PathBuf::from("/c.pem")));
     assert_eq!(args.tls_key, Some(PathBuf::from("/k.pem")));
     assert_eq!(args.tls_client_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(args.tls_client_san.as_deref(), Some("envoy.edge.svc"));
     let translation = translate(&env(&[("LOG_LEVEL", "debug"), ("LOG_FORMAT", "json")])).unwrap();
     assert!(
         translation
@@ -379,5 +381,19 @@ fn the_migration_guide_lists_every_variable_as_the_code_does() {
         .take_while(|line| line.starts_with('|'))
         .collect();
     let expected: Vec<String> = VARIABLES.iter().map(doc_row).collect();
-    assert_eq!(documented, expected, "docs/migrating.md's variable table");
+    let differing: Vec<(&str, &str)> = documented
+        .iter()
+        .zip(&expected)
+        .filter(|(doc, code)| *doc != code)
+        .map(|(doc, code)| (*doc, code.as_str()))
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "docs/migrating.md rows (doc, code): {differing:#?}"
+    );
+    assert_eq!(
+        documented.len(),
+        expected.len(),
+        "docs/migrating.md's variable count"
+    );
 }

@@ -80,11 +80,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured("GRPC_SERVER_TLS_CERT", "", "--tls-cert"),
     honoured("GRPC_SERVER_TLS_KEY", "", "--tls-key"),
     honoured("GRPC_CLIENT_TLS_CACERT", "", "--tls-client-ca (mutual TLS)"),
-    honoured(
-        "GRPC_CLIENT_TLS_SAN",
-        "",
-        "refused when set: checking the client certificate's SAN is not supported yet",
-    ),
+    honoured("GRPC_CLIENT_TLS_SAN", "", "--tls-client-san"),
     honoured("LOG_LEVEL", "WARN", "--log-level"),
     honoured("LOG_FORMAT", "text", "--log-format"),
     // Config.

@@ -489,3 +489,52 @@ async fn a_key_prefix_goes_before_every_redis_key_and_metrics_get_their_own_port
         "only the metrics there"
     );
 }
+
+/// `rediss://` to a Redis whose certificate a private CA signed and which requires client
+/// certificates (`--redis-tls-ca`, `--redis-tls-cert`, `--redis-tls-key`; the reference's
+/// REDIS_TLS_CACERT, REDIS_TLS_CLIENT_CERT, REDIS_TLS_CLIENT_KEY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_with_a_private_ca_and_a_client_certificate() {
+    use common::certs::ca;
+    let certs = tempfile::tempdir().unwrap();
+    let (redis_ca, client_ca) = (ca("redis CA"), ca("redis clients CA"));
+    let (cert, key) = redis_ca.write_leaf(certs.path(), "redis", &["localhost"]);
+    let client_ca_path = client_ca.write(certs.path(), "clients-ca");
+    let (redis, tls_port) =
+        common::redis_process::RedisServer::start_tls(&cert, &key, &client_ca_path);
+    let redis_ca_path = redis_ca.write(certs.path(), "redis-ca");
+    let (client_cert, client_key) = client_ca.write_leaf(certs.path(), "tollgate", &["tollgate"]);
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let store = format!("rediss://localhost:{tls_port}");
+    let path = |p: &std::path::Path| p.display().to_string();
+    let replica = Replica::spawn(
+        config.path(),
+        &[
+            "--store",
+            &store,
+            "--redis-tls-ca",
+            &path(&redis_ca_path),
+            "--redis-tls-cert",
+            &path(&client_cert),
+            "--redis-tls-key",
+            &path(&client_key),
+        ],
+    );
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    let response = client
+        .should_rate_limit(user("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.statuses[0].limit_remaining, 9);
+    assert_eq!(redis.dbsize(), 1, "counted in the TLS Redis");
+
+    // Without the client certificate, Redis refuses the handshake: never ready.
+    let without = Replica::spawn(
+        config.path(),
+        &["--store", &store, "--redis-tls-ca", &path(&redis_ca_path)],
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!without.ready().await, "ready without a client certificate");
+}

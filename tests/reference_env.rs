@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::certs::ca;
 use common::envoy::*;
 use common::redis_process::RedisServer;
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 
 /// `dir/ratelimit`, a link to the tollgate binary, as the image's /bin/ratelimit.
 fn ratelimit_link(dir: &Path) -> PathBuf {
@@ -114,51 +114,15 @@ async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_confi
     }
 }
 
-/// A CA's certificate PEM and its issuer.
-fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let pem = params.self_signed(&key).unwrap().pem();
-    (pem, Issuer::new(params, key))
-}
-
-/// A certificate for `name` signed by `issuer`, written as `dir/stem.crt` and `dir/stem.key`.
-fn leaf(
-    dir: &Path,
-    stem: &str,
-    name: &str,
-    issuer: &Issuer<'static, KeyPair>,
-) -> (PathBuf, PathBuf) {
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![name.to_owned()])
-        .unwrap()
-        .signed_by(&key, issuer)
-        .unwrap();
-    let (cert_path, key_path) = (
-        dir.join(format!("{stem}.crt")),
-        dir.join(format!("{stem}.key")),
-    );
-    std::fs::write(&cert_path, cert.pem()).unwrap();
-    std::fs::write(&key_path, key.serialize_pem()).unwrap();
-    (cert_path, key_path)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_grpc_server_use_tls_and_a_client_ca_envoy_reaches_it_over_mutual_tls() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
-    let (server_ca, server_issuer) = ca("tollgate server CA");
-    let (client_ca, client_issuer) = ca("envoy client CA");
-    let (server_cert, server_key) = leaf(dir.path(), "server", "localhost", &server_issuer);
-    let (envoy_cert, envoy_key) = leaf(dir.path(), "envoy", "envoy", &client_issuer);
-    let (server_ca_path, client_ca_path) = (
-        dir.path().join("server-ca.crt"),
-        dir.path().join("client-ca.crt"),
-    );
-    std::fs::write(&server_ca_path, server_ca).unwrap();
-    std::fs::write(&client_ca_path, client_ca).unwrap();
+    let (server_ca, client_ca) = (ca("tollgate server CA"), ca("envoy client CA"));
+    let (server_cert, server_key) = server_ca.write_leaf(dir.path(), "server", &["localhost"]);
+    let (envoy_cert, envoy_key) = client_ca.write_leaf(dir.path(), "envoy", &["envoy"]);
+    let server_ca_path = server_ca.write(dir.path(), "server-ca");
+    let client_ca_path = client_ca.write(dir.path(), "client-ca");
     let grpc = free_port();
     let env = [
         ("USE_STATSD", "false".to_owned()),

@@ -9,8 +9,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::certs::{Ca, ca, leaf};
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tollgate::pb;
 use tollgate::server::Options;
 use tollgate::tls::TlsFiles;
@@ -18,35 +18,6 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 const LIMITS: &str =
     "domain: t\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
-
-/// A CA: its PEM and an issuer for signing.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-fn ca(name: &str) -> Ca {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    let pem = params.self_signed(&key).unwrap().pem();
-    Ca {
-        pem,
-        issuer: Issuer::new(params, key),
-    }
-}
-
-/// A leaf certificate for `names`, signed by `ca`: (cert PEM, key PEM).
-fn leaf(ca: &Ca, names: &[&str]) -> (String, String) {
-    let key = KeyPair::generate().unwrap();
-    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-    let cert = CertificateParams::new(names)
-        .unwrap()
-        .signed_by(&key, &ca.issuer)
-        .unwrap();
-    (cert.pem(), key.serialize_pem())
-}
 
 fn write_server_cert(dir: &Path, ca: &Ca) {
     let (cert, key) = leaf(ca, &["localhost"]);

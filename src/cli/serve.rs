@@ -19,7 +19,7 @@ use crate::server::Options;
 use crate::service::ServiceOptions;
 use crate::statsd::StatsdOptions;
 use crate::storage::StoreOptions;
-use crate::storage::redis::{RedisSpec, SpecError as RedisSpecError};
+use crate::storage::redis::{RedisCertificates, RedisSpec, SpecError as RedisSpecError};
 use crate::storage::stack::StoreSpec;
 use crate::telemetry::ratio;
 use crate::tls::TlsFiles;
@@ -156,6 +156,30 @@ pub struct ServeArgs {
     /// ignored.
     #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE", help_heading = "Store")]
     pub redis_password_file: Option<PathBuf>,
+
+    /// PEM CA certificates that sign the Redis servers' certificates (else the system's
+    /// roots), for `rediss://` URLs (--store and --store-per-second).
+    #[arg(long, env = "TOLLGATE_REDIS_TLS_CA", help_heading = "Store")]
+    pub redis_tls_ca: Option<PathBuf>,
+
+    /// PEM client certificate for Redis (with --redis-tls-key), for a Redis that requires
+    /// one (`tls-auth-clients`).
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_TLS_CERT",
+        requires = "redis_tls_key",
+        help_heading = "Store"
+    )]
+    pub redis_tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --redis-tls-cert.
+    #[arg(
+        long,
+        env = "TOLLGATE_REDIS_TLS_KEY",
+        requires = "redis_tls_cert",
+        help_heading = "Store"
+    )]
+    pub redis_tls_key: Option<PathBuf>,
 
     /// Longest wait for one Redis call (never longer than the client's gRPC deadline).
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration, help_heading = "Store")]
@@ -321,6 +345,12 @@ pub enum ArgsError {
     Redis(#[from] RedisSpecError),
     #[error("--redis-password-file {path}: {error}")]
     PasswordFile { path: String, error: std::io::Error },
+    #[error("{flag} {path}: {error}")]
+    File {
+        flag: &'static str,
+        path: String,
+        error: std::io::Error,
+    },
 }
 
 impl ServeArgs {
@@ -330,12 +360,42 @@ impl ServeArgs {
                 return Err(ArgsError::PerSecondWithoutRedis);
             }
             "memory" => return Ok(StoreSpec::Memory),
-            url => redis_spec(url, self.redis_password()?)?,
+            url => self.with_certificates(redis_spec(url, self.redis_password()?)?)?,
         };
         Ok(match &self.store_per_second {
             None => StoreSpec::Redis(main),
-            Some(url) => StoreSpec::RedisPerSecond(main, redis_spec(url, None)?),
+            Some(url) => {
+                let per_second = self.with_certificates(redis_spec(url, None)?)?;
+                StoreSpec::RedisPerSecond(main, per_second)
+            }
         })
+    }
+
+    /// `spec` with the --redis-tls-* files, if any are given.
+    fn with_certificates(&self, spec: RedisSpec) -> Result<RedisSpec, ArgsError> {
+        let read = |flag: &'static str, path: &PathBuf| {
+            std::fs::read(path).map_err(|error| ArgsError::File {
+                flag,
+                path: path.display().to_string(),
+                error,
+            })
+        };
+        let ca = self
+            .redis_tls_ca
+            .as_ref()
+            .map(|path| read("--redis-tls-ca", path))
+            .transpose()?;
+        let client = match (&self.redis_tls_cert, &self.redis_tls_key) {
+            (Some(cert), Some(key)) => Some((
+                read("--redis-tls-cert", cert)?,
+                read("--redis-tls-key", key)?,
+            )),
+            _ => None,
+        };
+        if ca.is_none() && client.is_none() {
+            return Ok(spec);
+        }
+        Ok(spec.with_certificates(RedisCertificates { ca, client })?)
     }
 
     /// The password in --redis-password-file (for --store; a --store-per-second URL carries

@@ -229,16 +229,14 @@ impl Reader<'_> {
     }
 
     pub fn stores(&mut self) -> Result<(), EnvError> {
-        for variable in [
-            "REDIS_TLS_CLIENT_CERT",
-            "REDIS_TLS_CLIENT_KEY",
-            "REDIS_TLS_CACERT",
+        for (variable, flag) in [
+            ("REDIS_TLS_CACERT", "--redis-tls-ca"),
+            ("REDIS_TLS_CLIENT_CERT", "--redis-tls-cert"),
+            ("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
         ] {
-            if !self.text(variable).is_empty() {
-                return Err(refuse(
-                    variable,
-                    "client certificates and a private CA for Redis are not supported yet",
-                ));
+            let path = self.text(variable);
+            if !path.is_empty() {
+                self.flag(flag, path, variable);
             }
         }
         let main = self.store_url("REDIS_")?;

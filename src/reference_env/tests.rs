@@ -250,7 +250,18 @@ fn redis_of_every_kind() {
         Ok(crate::storage::stack::StoreSpec::RedisPerSecond(..))
     ));
     assert!(refusal(&[("REDIS_TYPE", "ring")]).starts_with("REDIS_TYPE: \"ring\""));
-    assert!(refusal(&[("REDIS_TLS_CACERT", "/ca.pem")]).starts_with("REDIS_TLS_CACERT: "));
+    let tls = serve(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis:6380"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CACERT", "/ca.pem"),
+        ("REDIS_TLS_CLIENT_CERT", "/client.pem"),
+        ("REDIS_TLS_CLIENT_KEY", "/client.key"),
+    ]);
+    assert_eq!(tls.store, "rediss://redis:6380");
+    assert_eq!(tls.redis_tls_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(tls.redis_tls_cert, Some(PathBuf::from("/client.pem")));
+    assert_eq!(tls.redis_tls_key, Some(PathBuf::from("/client.key")));
     assert!(
         refusal(&[("REDIS_TYPE", "cluster")]).starts_with("REDIS_SOCKET_TYPE: unix works with")
     );

@@ -223,21 +223,9 @@ pub const VARIABLES: &[Variable] = &[
     ),
     ignored("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT", GO_POOL),
     ignored("REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION", "1s", GO_POOL),
-    honoured(
-        "REDIS_TLS_CLIENT_CERT",
-        "",
-        "refused when set: client certificates to Redis are not supported yet",
-    ),
-    honoured(
-        "REDIS_TLS_CLIENT_KEY",
-        "",
-        "refused when set: client certificates to Redis are not supported yet",
-    ),
-    honoured(
-        "REDIS_TLS_CACERT",
-        "",
-        "refused when set: a private CA for Redis is not supported yet",
-    ),
+    honoured("REDIS_TLS_CLIENT_CERT", "", "--redis-tls-cert"),
+    honoured("REDIS_TLS_CLIENT_KEY", "", "--redis-tls-key"),
+    honoured("REDIS_TLS_CACERT", "", "--redis-tls-ca"),
     honoured(
         "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
         "false",

@@ -2,6 +2,7 @@
 //! a tiny HTTP/1.1 client, request builders, and a guard for a `tollgate` child process.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod certs;
 pub mod envoy;
 pub mod redis_process;
 

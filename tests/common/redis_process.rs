@@ -2,7 +2,7 @@
 //! into a cluster, each stopped when its guard drops. `scripts/test` installs Debian's
 //! redis-server when it is missing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -15,6 +15,8 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: PathBuf,
     cluster: bool,
+    /// More `redis-server` arguments (TLS).
+    extra: Vec<String>,
     _tmp: std::sync::Arc<tempfile::TempDir>,
 }
 
@@ -62,6 +64,7 @@ impl RedisServer {
             child: None,
             dir,
             cluster,
+            extra: Vec::new(),
             _tmp: tmp,
         };
         server.launch();
@@ -84,6 +87,7 @@ impl RedisServer {
                 .arg(self.dir.join("redis.sock"))
                 .args(["--unixsocketperm", "700"]);
         }
+        command.args(&self.extra);
         if self.cluster {
             command.args([
                 "--cluster-enabled",
@@ -103,6 +107,37 @@ impl RedisServer {
             |server| server.try_query(&["PING"]).is_some(),
             "to answer PING",
         );
+    }
+
+    /// A standalone server that also serves TLS on the returned port, with `cert`/`key`, and
+    /// requires client certificates signed by `client_ca` (Redis's `tls-auth-clients`). Its
+    /// plain port stays open for the test's own queries.
+    pub fn start_tls(cert: &Path, key: &Path, client_ca: &Path) -> (Self, u16) {
+        let tls_port = free_port();
+        let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
+        let port = free_node_port();
+        let dir = tmp.path().join(port.to_string());
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+            cluster: false,
+            extra: vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                cert.display().to_string(),
+                "--tls-key-file".into(),
+                key.display().to_string(),
+                "--tls-ca-cert-file".into(),
+                client_ca.display().to_string(),
+            ],
+            _tmp: tmp,
+        };
+        require("redis-server");
+        server.launch();
+        (server, tls_port)
     }
 
     pub fn url(&self) -> String {

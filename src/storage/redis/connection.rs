@@ -147,7 +147,11 @@ async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
     let connect_timeout = timeout.max(Duration::from_millis(500));
     if spec.cluster {
         // redis-rs's defaults retry for minutes; a rate limit decision has milliseconds.
-        let client = ClusterClient::builder(infos)
+        let mut builder = ClusterClient::builder(infos);
+        if let Some(certificates) = &spec.certificates {
+            builder = builder.certs(certificates.to_redis());
+        }
+        let client = builder
             .connection_timeout(connect_timeout)
             .response_timeout(timeout)
             .overall_response_timeout(Some(timeout))
@@ -170,7 +174,10 @@ async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
     let Some(info) = infos.into_iter().next() else {
         return Err(RedisError::from((ErrorKind::Client, "no Redis node")));
     };
-    let client = redis::Client::open(info)?;
+    let client = match &spec.certificates {
+        Some(certificates) => redis::Client::build_with_tls(info, certificates.to_redis())?,
+        None => redis::Client::open(info)?,
+    };
     Ok(Link::Single(
         client.get_connection_manager_with_config(config).await?,
     ))

@@ -33,7 +33,7 @@ use connection::{Connection, connect, connect_all};
 use refund::{Part, Refund, give_back, refunds_of};
 use script::{Call, Mode, Reply};
 use slots::{Group, Topology, plan, split_by_slot};
-pub use url::{RedisSpec, SpecError};
+pub use url::{RedisCertificates, RedisSpec, SpecError};
 
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::Micros;

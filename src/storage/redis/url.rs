@@ -15,6 +15,30 @@ pub struct RedisSpec {
     password: Option<String>,
     /// Through Redis Sentinel: `nodes` are the sentinels, and this names the master.
     pub(super) sentinel: Option<Sentinel>,
+    /// A private CA and a client certificate for `rediss://` (`--redis-tls-*`).
+    pub(super) certificates: Option<RedisCertificates>,
+}
+
+/// PEM files' contents for TLS to Redis: the CA that signed the server's certificate (else
+/// the system's roots), and a client certificate with its key (for Redis's `tls-auth-clients`).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct RedisCertificates {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl RedisCertificates {
+    pub(super) fn to_redis(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self.client.clone().map(|(client_cert, client_key)| {
+                redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }
+            }),
+            root_cert: self.ca.clone(),
+        }
+    }
 }
 
 /// The master a set of sentinels watches over.
@@ -126,6 +150,7 @@ impl RedisSpec {
             nodes,
             password,
             sentinel,
+            certificates: None,
         };
         if let Err(error) = spec.master_settings() {
             return Err(SpecError(format!("invalid Redis URL: {error}")));
@@ -138,6 +163,24 @@ impl RedisSpec {
         spec.connection_infos()
             .map_err(|error| SpecError(format!("invalid Redis URL: {error}")))?;
         Ok(spec)
+    }
+
+    /// The same, over TLS with these certificates; only for `rediss://` and
+    /// `rediss-cluster://` URLs.
+    pub fn with_certificates(mut self, certificates: RedisCertificates) -> Result<Self, SpecError> {
+        if self.sentinel.is_some() {
+            return Err(SpecError(
+                "--redis-tls-*: certificates behind Redis Sentinel are not supported yet".into(),
+            ));
+        }
+        if !self.nodes.iter().all(|node| node.starts_with("rediss://")) {
+            return Err(SpecError(
+                "--redis-tls-*: certificates need a TLS URL (rediss:// or rediss-cluster://)"
+                    .into(),
+            ));
+        }
+        self.certificates = Some(certificates);
+        Ok(self)
     }
 
     /// The master's user, password and database, behind sentinels (`None` otherwise).

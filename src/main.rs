@@ -81,13 +81,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let rules = config::load(&args.config, args.load_options())?;
     let options = args.options();
     let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
-    let mut listeners = server::Listeners::bind(args.grpc_addr, args.http_addr).await?;
+    let mut listeners = match &args.grpc_uds {
+        Some(path) => server::Listeners::bind_unix(path, args.http_addr).await?,
+        None => server::Listeners::bind(args.grpc_addr, args.http_addr).await?,
+    };
     if let Some(addr) = args.metrics_addr {
         listeners = listeners
             .with_metrics(addr, args.metrics_path.clone())
             .await?;
     }
-    tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening");
+    match &args.grpc_uds {
+        Some(path) => tracing::info!(grpc = %path.display(), http = %args.http_addr, "listening"),
+        None => tracing::info!(grpc = %args.grpc_addr, http = %args.http_addr, "listening"),
+    }
     server::run(rules, store, options, listeners, shutdown::signal()).await?;
     Ok(ExitCode::SUCCESS)
 }

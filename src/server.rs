@@ -5,12 +5,13 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::{Router, TcpIncoming};
@@ -76,9 +77,25 @@ impl Default for Options {
     }
 }
 
+/// Where gRPC is served: a TCP address, or a Unix socket (`--grpc-uds`).
+pub enum GrpcListener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl GrpcListener {
+    /// The TCP address (a Unix socket has none).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            GrpcListener::Tcp(listener) => listener.local_addr(),
+            GrpcListener::Unix(_) => Err(std::io::Error::other("gRPC is on a Unix socket")),
+        }
+    }
+}
+
 /// The two bound listeners.
 pub struct Listeners {
-    pub grpc: TcpListener,
+    pub grpc: GrpcListener,
     pub http: TcpListener,
     /// The metrics alone, with the path they are served at (`--metrics-addr`).
     pub metrics: Option<(TcpListener, String)>,
@@ -88,10 +105,26 @@ impl Listeners {
     /// Binds both; an address already in use, or not this host's, names its flag.
     pub async fn bind(grpc: SocketAddr, http: SocketAddr) -> Result<Self, BindError> {
         Ok(Self {
-            grpc: listen("--grpc-addr", grpc).await?,
+            grpc: GrpcListener::Tcp(listen("--grpc-addr", grpc).await?),
             http: listen("--http-addr", http).await?,
             metrics: None,
         })
+    }
+
+    /// gRPC on the Unix socket at `path` (a socket left there by an earlier run is replaced),
+    /// HTTP on `http`.
+    pub fn bind_unix(
+        path: &Path,
+        http: SocketAddr,
+    ) -> impl Future<Output = Result<Self, BindError>> {
+        let grpc = listen_unix(path);
+        async move {
+            Ok(Self {
+                grpc: GrpcListener::Unix(grpc?),
+                http: listen("--http-addr", http).await?,
+                metrics: None,
+            })
+        }
     }
 
     /// Also a listener serving only the metrics, at `path`.
@@ -101,10 +134,31 @@ impl Listeners {
     }
 }
 
+fn listen_unix(path: &Path) -> Result<UnixListener, BindError> {
+    use std::os::unix::fs::FileTypeExt as _;
+    let stale = std::fs::symlink_metadata(path).is_ok_and(|meta| meta.file_type().is_socket());
+    if stale {
+        let _ = std::fs::remove_file(path);
+    }
+    UnixListener::bind(path).map_err(|error| BindError {
+        flag: "--grpc-uds",
+        addr: path.display().to_string(),
+        hint: match error.kind() {
+            std::io::ErrorKind::AddrInUse => {
+                "; something else is there: remove it or choose another path"
+            }
+            std::io::ErrorKind::NotFound => "; its directory does not exist",
+            std::io::ErrorKind::PermissionDenied => "; no permission to create it there",
+            _ => "",
+        },
+        error,
+    })
+}
+
 async fn listen(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
     TcpListener::bind(addr).await.map_err(|error| BindError {
         flag,
-        addr,
+        addr: addr.to_string(),
         hint: match error.kind() {
             std::io::ErrorKind::AddrInUse => {
                 "; another process listens there: stop it or choose another port"
@@ -122,7 +176,7 @@ async fn listen(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Bin
 #[error("{flag} {addr}: cannot listen: {error}{hint}")]
 pub struct BindError {
     pub flag: &'static str,
-    pub addr: SocketAddr,
+    pub addr: String,
     hint: &'static str,
     // In the message, not a `source`: the one line says it all.
     error: std::io::Error,
@@ -146,6 +200,8 @@ pub enum ServerError {
     PerCoreTls,
     #[error(transparent)]
     Statsd(#[from] crate::statsd::StatsdError),
+    #[error("--grpc-uds serves plaintext only (a Unix socket stays on the host); drop --tls-cert")]
+    UnixTls,
 }
 
 /// The gRPC routes: RLS v3, gRPC health, and server reflection (so that `grpcurl list` and
@@ -181,6 +237,16 @@ pub fn grpc_server() -> tonic::transport::Server {
 /// Accepted gRPC connections, without Nagle's delay: answers are small and latency-bound.
 pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// The connections accepted on a Unix socket.
+fn unix_incoming(
+    listener: UnixListener,
+) -> impl futures_util::Stream<Item = std::io::Result<UnixStream>> {
+    futures_util::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
 }
 
 /// HTTP/2 streams per connection. Envoy opens few connections and multiplexes on them, so
@@ -288,13 +354,24 @@ fn tls_config(options: &Options) -> Result<Option<(TlsFiles, Arc<ServerConfig>)>
 /// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`.
 fn serve_grpc(
     router: Router,
-    listener: TcpListener,
+    listener: GrpcListener,
     tls: Option<(TlsFiles, Arc<ServerConfig>)>,
     flavor: Flavor,
     stopped: &watch::Receiver<bool>,
 ) -> Serving {
     let stop = wait_for(stopped.clone());
     let runtimes = flavor.grpc_runtimes();
+    let listener = match listener {
+        GrpcListener::Tcp(listener) => listener,
+        // Plaintext on the main runtime: a Unix socket is for a sidecar on the same host.
+        GrpcListener::Unix(listener) => {
+            if tls.is_some() {
+                return tokio::spawn(async { Err(ServerError::UnixTls) });
+            }
+            let serving = router.serve_with_incoming_shutdown(unix_incoming(listener), stop);
+            return tokio::spawn(async move { Ok(serving.await?) });
+        }
+    };
     match tls {
         Some((files, config)) => {
             let incoming = TlsIncoming::new(listener, files, config);

@@ -392,3 +392,49 @@ fn booleans_from_the_environment_take_1_0_true_false() {
         }
     }
 }
+
+/// `--grpc-uds` (the reference's GRPC_UDS): gRPC on a Unix socket instead of a TCP port; a
+/// socket file left by an earlier run is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_is_served_on_a_unix_socket_when_asked() {
+    use hyper_util::rt::TokioIo;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("ratelimit.sock");
+    // A stale socket, as a killed process leaves it.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let config = config_dir(&[(
+        "u.yaml",
+        "domain: u\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    )]);
+    let socket_arg = socket.display().to_string();
+    let replica = Replica::spawn(config.path(), &["--grpc-uds", &socket_arg]);
+    replica.wait_ready().await;
+    let path = socket.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = tollgate::pb::RateLimitServiceClient::new(channel);
+    let remaining: Vec<u32> = {
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let response = client
+                .should_rate_limit(request("u", &[&[("k", "x")]]))
+                .await
+                .unwrap()
+                .into_inner();
+            seen.push(response.statuses[0].limit_remaining);
+        }
+        seen
+    };
+    assert_eq!(remaining, [1, 0, 0]);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", replica.grpc)).is_err(),
+        "no TCP gRPC listener"
+    );
+}

@@ -79,6 +79,11 @@ pub struct ServeArgs {
     )]
     pub grpc_addr: SocketAddr,
 
+    /// Serve gRPC on this Unix socket instead of --grpc-addr (plaintext; for a sidecar on the
+    /// same host; the reference's GRPC_UDS).
+    #[arg(long, env = "TOLLGATE_GRPC_UDS", help_heading = "Listeners and TLS")]
+    pub grpc_uds: Option<PathBuf>,
+
     /// PEM certificate chain for TLS on the gRPC listener (with --tls-key).
     #[arg(
         long,

@@ -60,11 +60,9 @@ impl Reader<'_> {
             "GRPC_PORT",
         )?;
         self.flag("--grpc-addr", grpc, "GRPC_PORT");
-        if !self.text("GRPC_UDS").is_empty() {
-            return Err(refuse(
-                "GRPC_UDS",
-                "gRPC on a Unix socket is not supported yet; serve on GRPC_HOST:GRPC_PORT",
-            ));
+        let uds = self.text("GRPC_UDS");
+        if !uds.is_empty() {
+            self.flag("--grpc-uds", uds, "GRPC_UDS");
         }
         if !self.switch("GRPC_SERVER_USE_TLS")? {
             return Ok(());

@@ -149,7 +149,10 @@ fn listeners_logging_and_tls() {
         refusal(&[("GRPC_SERVER_USE_TLS", "true")]),
         "GRPC_SERVER_TLS_CERT: required when GRPC_SERVER_USE_TLS is true"
     );
-    assert!(refusal(&[("GRPC_UDS", "/run/rl.sock")]).starts_with("GRPC_UDS: "));
+    assert_eq!(
+        serve(&[("GRPC_UDS", "/run/rl.sock")]).grpc_uds,
+        Some(PathBuf::from("/run/rl.sock"))
+    );
     assert!(refusal(&[("PORT", "http")]).starts_with("PORT: \"http\" is not a port"));
     assert!(refusal(&[("LOG_LEVEL", "loud")]).starts_with("LOG_LEVEL: "));
 }

@@ -64,7 +64,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(
         "GRPC_UDS",
         "",
-        "refused when set: gRPC on a Unix socket is not supported yet",
+        "--grpc-uds (instead of GRPC_HOST:GRPC_PORT)",
     ),
     ignored(
         "GRPC_MAX_CONNECTION_AGE",

@@ -1,7 +1,7 @@
 //! Logs and traces. Logs go to stderr as text or JSON (`--log-format`), filtered by
 //! `RUST_LOG` when set, else by `--log-level`. Traces: `tracing` spans for the request
 //! (`should_rate_limit`), the decision (`decide`) and the store call (`store`), exported with
-//! OpenTelemetry OTLP/gRPC when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! OpenTelemetry OTLP over gRPC or HTTP (`--trace-protocol`) when the standard `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, named by `OTEL_SERVICE_NAME` (default
 //! `tollgate`). A W3C `traceparent` in the gRPC metadata makes the request's span a child of
 //! the caller's (Envoy's), so traces continue across the hop.
@@ -38,6 +38,16 @@ pub enum Traces {
     Off,
 }
 
+/// How spans travel to the collector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceProtocol {
+    /// OTLP over gRPC (a collector's port 4317).
+    #[default]
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (port 4318, path /v1/traces), plain HTTP.
+    Http,
+}
+
 /// Trace export settings (global flags).
 #[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct TraceArgs {
@@ -45,6 +55,10 @@ pub struct TraceArgs {
     /// or `off`.
     #[arg(long, env = "TOLLGATE_TRACES", value_enum, default_value_t = Traces::Auto, global = true, help_heading = "Tracing")]
     pub traces: Traces,
+
+    /// OTLP over `grpc` or `http` (protobuf).
+    #[arg(long, env = "TOLLGATE_TRACE_PROTOCOL", value_enum, default_value_t = TraceProtocol::Grpc, global = true, help_heading = "Tracing")]
+    pub trace_protocol: TraceProtocol,
 
     /// `service.name` of the spans (default: `OTEL_SERVICE_NAME`, else `tollgate`).
     #[arg(
@@ -132,9 +146,17 @@ pub fn init(
         Traces::Off => false,
     };
     let provider = if exporting {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .build()?;
+        let builder = opentelemetry_otlp::SpanExporter::builder();
+        let exporter = match trace.trace_protocol {
+            TraceProtocol::Grpc => builder.with_tonic().build()?,
+            TraceProtocol::Http => {
+                use opentelemetry_otlp::WithExportConfig as _;
+                builder
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .build()?
+            }
+        };
         Some(configured_provider(exporter, trace))
     } else {
         None
@@ -170,7 +192,8 @@ pub fn provider(
     configured_provider(exporter, &TraceArgs::default())
 }
 
-/// A tracer provider exporting through `exporter` in batches, as `trace` says.
+/// A tracer provider exporting through `exporter` in batches, as `trace` says. Must be called
+/// inside the tokio runtime, which then runs the exports.
 pub fn configured_provider(
     exporter: impl opentelemetry_sdk::trace::SpanExporter + 'static,
     trace: &TraceArgs,
@@ -195,8 +218,16 @@ pub fn configured_provider(
     let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
         trace.trace_sampling_ratio.unwrap_or(1.0),
     )));
+    // Exports run on the tokio runtime, not on a thread of their own: the HTTP exporter's
+    // client needs a runtime to connect from.
+    let batches =
+        opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
     SdkTracerProvider::builder()
-        .with_batch_exporter(exporter)
+        .with_span_processor(batches)
         .with_resource(resource.build())
         .with_sampler(sampler)
         .build()

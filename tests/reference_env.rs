@@ -198,3 +198,100 @@ fn ratelimit_link_once(dir: &Path) -> PathBuf {
     }
     link
 }
+
+/// One OTLP/HTTP export request received on `listener` (the body of a `POST /v1/traces`),
+/// answered 200.
+async fn receive_otlp_http(
+    listener: &tokio::net::TcpListener,
+) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
+    use prost::Message as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (mut stream, _) = listener.accept().await.unwrap();
+    let mut received = Vec::new();
+    let mut buffer = [0u8; 8192];
+    loop {
+        let read = stream.read(&mut buffer).await.unwrap();
+        assert!(
+            read > 0,
+            "the exporter closed before sending a whole request"
+        );
+        received.extend_from_slice(&buffer[..read]);
+        let text = String::from_utf8_lossy(&received);
+        let Some(head_end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let head = text[..head_end].to_ascii_lowercase();
+        assert!(head.starts_with("post /v1/traces"), "{head}");
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .map(|value| value.trim().parse().unwrap())
+            .expect("a content-length");
+        let body_start = head_end + 4;
+        if received.len() >= body_start + length {
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            return opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest::decode(
+                &received[body_start..body_start + length],
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// TRACING_ENABLED with the reference's default protocol (OTLP over HTTP) and service name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tracing_enabled_exports_spans_over_otlp_http_as_ratelimit() {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value;
+    let dir = tempfile::tempdir().unwrap();
+    let collector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", collector.local_addr().unwrap());
+    let grpc = free_port();
+    let redis = RedisServer::start();
+    let env = [
+        ("USE_STATSD", "false".to_owned()),
+        ("BACKEND_TYPE", "redis".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        (
+            "RUNTIME_ROOT",
+            runtime_root(dir.path()).display().to_string(),
+        ),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("TRACING_ENABLED", "true".to_owned()),
+        ("LOG_LEVEL", "info".to_owned()),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+    ];
+    let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
+    let mut client =
+        tollgate::pb::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))
+            .await
+            .unwrap();
+    client
+        .should_rate_limit(request("edge", &[&[("user", "traced")]]))
+        .await
+        .unwrap();
+    let export = tokio::time::timeout(Duration::from_secs(30), receive_otlp_http(&collector))
+        .await
+        .unwrap_or_else(|_| {
+            let log = std::fs::read_to_string(dir.path().join("ratelimit.log")).unwrap_or_default();
+            panic!("no spans exported within 30 s; tollgate's log:\n{log}")
+        });
+    let resource = export.resource_spans[0].resource.as_ref().unwrap();
+    let service = resource
+        .attributes
+        .iter()
+        .find(|attribute| attribute.key == "service.name")
+        .and_then(|attribute| attribute.value.as_ref()?.value.clone());
+    assert_eq!(service, Some(Value::StringValue("RateLimit".into())));
+    let names: Vec<&str> = export
+        .resource_spans
+        .iter()
+        .flat_map(|spans| &spans.scope_spans)
+        .flat_map(|scope| &scope.spans)
+        .map(|span| span.name.as_str())
+        .collect();
+    assert!(names.contains(&"should_rate_limit"), "{names:?}");
+}

@@ -353,14 +353,13 @@ impl Reader<'_> {
         }
         self.flag("--traces", "on", "TRACING_ENABLED");
         let protocol = self.text("TRACING_EXPORTER_PROTOCOL").to_ascii_lowercase();
-        if protocol != "grpc" {
+        if !matches!(protocol.as_str(), "http" | "grpc") {
             return Err(refuse(
                 "TRACING_EXPORTER_PROTOCOL",
-                format!(
-                    "{protocol:?}: tollgate exports OTLP over gRPC only; set grpc (and the collector's gRPC port, usually 4317)"
-                ),
+                format!("{protocol:?}: expected http or grpc"),
             ));
         }
+        self.flag("--trace-protocol", protocol, "TRACING_EXPORTER_PROTOCOL");
         for (variable, flag) in [
             ("TRACING_SERVICE_NAME", "--trace-service-name"),
             ("TRACING_SERVICE_NAMESPACE", "--trace-service-namespace"),

@@ -319,7 +319,11 @@ fn stats_and_tracing() {
     assert_eq!(cli.trace.trace_service_name.as_deref(), Some("edge-rl"));
     assert_eq!(cli.trace.trace_sampling_ratio, Some(0.25));
     assert!(
-        refusal(&[("TRACING_ENABLED", "true")]).starts_with("TRACING_EXPORTER_PROTOCOL: \"http\"")
+        refusal(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin")
+        ])
+        .starts_with("TRACING_EXPORTER_PROTOCOL: \"zipkin\"")
     );
 }
 

@@ -290,11 +290,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured("DISABLE_STATS", "false", "no --statsd"),
     // Tracing.
     honoured("TRACING_ENABLED", "false", "--traces on|off"),
-    honoured(
-        "TRACING_EXPORTER_PROTOCOL",
-        "http",
-        "grpc; http is refused (OTLP over gRPC only, port 4317)",
-    ),
+    honoured("TRACING_EXPORTER_PROTOCOL", "http", "--trace-protocol"),
     honoured("TRACING_SERVICE_NAME", "RateLimit", "--trace-service-name"),
     honoured("TRACING_SERVICE_NAMESPACE", "", "--trace-service-namespace"),
     honoured(

@@ -20,7 +20,8 @@
 //! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes;
 //!   `reference_env/reader.rs` reads them; `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
-//! - `cli` (`cli/serve.rs`: `serve`'s flags): the command line (`serve`, `check`, `query`,
+//! - `cli` (`cli/serve.rs`: `serve`'s flags; `cli/serve_options.rs`: what they configure):
+//!   the command line (`serve`, `check`, `query`,
 //!   `bench`, `health`, `reset`); `main.rs` wires it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown.
 //! - `admin` (`admin/json.rs`: the reference's `/json` form): the HTTP endpoints; `query`:

@@ -4,6 +4,7 @@
 //! bounds, the load generator) are declared with that part and flattened in here.
 
 mod serve;
+mod serve_options;
 
 use std::path::PathBuf;
 
@@ -15,7 +16,8 @@ use crate::client::ClientArgs;
 use crate::pb;
 use crate::query::{QueryError, parse_descriptor};
 use crate::telemetry::{LogFormat, TraceArgs};
-pub use serve::{ArgsError, EnvStyle, ServeArgs};
+pub use serve::{EnvStyle, ServeArgs};
+pub use serve_options::ArgsError;
 
 #[derive(Debug, Parser)]
 #[command(

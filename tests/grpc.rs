@@ -9,6 +9,7 @@ use common::*;
 use prost::Message as _;
 use tollgate::algorithm::Charge;
 use tollgate::clock::MICROS_PER_SECOND;
+use tollgate::limiter::Modes;
 use tollgate::pb::rate_limit_descriptor::RateLimitOverride;
 use tollgate::server::Options;
 use tonic::Code;
@@ -232,18 +233,26 @@ async fn a_shadow_rule_reports_but_never_denies(store: StoreKind) {
     assert_eq!(shapes(&second), [limited(OK, "1/MINUTE", 0, 58)]);
 }
 
+/// A server with MODES and global `modes`.
+async fn with_modes(store: StoreKind, modes: Modes) -> TestServer {
+    let options = Options {
+        modes,
+        ..Options::default()
+    };
+    let setup = Setup {
+        store,
+        options,
+        ..Setup::default()
+    };
+    start_with(&[("modes.yaml", MODES)], setup).await
+}
+
 async fn global_shadow_mode_answers_ok_and_keeps_statuses(store: StoreKind) {
-    let mut options = Options::default();
-    options.modes.global_shadow = true;
-    let server = start_with(
-        &[("modes.yaml", MODES)],
-        Setup {
-            store,
-            options,
-            ..Setup::default()
-        },
-    )
-    .await;
+    let modes = Modes {
+        global_shadow: true,
+        ..Modes::default()
+    };
+    let server = with_modes(store, modes).await;
     let plain = request("modes", &[&[("plain", "x")]]);
     server.ok(plain.clone()).await;
     let second = server.ok(plain).await;
@@ -252,17 +261,11 @@ async fn global_shadow_mode_answers_ok_and_keeps_statuses(store: StoreKind) {
 }
 
 async fn global_quota_mode_makes_every_rule_a_quota_rule_but_shadow_ones(store: StoreKind) {
-    let mut options = Options::default();
-    options.modes.global_quota = true;
-    let server = start_with(
-        &[("modes.yaml", MODES)],
-        Setup {
-            store,
-            options,
-            ..Setup::default()
-        },
-    )
-    .await;
+    let modes = Modes {
+        global_quota: true,
+        ..Modes::default()
+    };
+    let server = with_modes(store, modes).await;
     // `plain` (1/min) and `quota2` (2/min) are both quota limits: over together only.
     let both = request("modes", &[&[("plain", "x")], &[("quota2", "x")]]);
     assert_eq!(server.ok(both.clone()).await.overall_code, OK);

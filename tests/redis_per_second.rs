@@ -8,7 +8,7 @@ mod common;
 
 use common::redis_process::RedisServer;
 
-use common::{Backing, OK, OVER, Setup, StoreKind, limited, request, shapes, start_with};
+use common::{Backing, OK, OVER, StoreKind, limited, request, shapes, start_on};
 use tollgate::clock::MICROS_PER_SECOND;
 
 const RULES: &str = r#"
@@ -34,14 +34,7 @@ fn servers(backing: &Backing) -> (&RedisServer, &RedisServer) {
 #[tokio::test]
 async fn each_limit_counts_in_the_store_of_its_unit_and_a_request_over_either_consumes_in_neither()
 {
-    let server = start_with(
-        &[("split.yaml", RULES)],
-        Setup {
-            store: StoreKind::PerSecond,
-            ..Setup::default()
-        },
-    )
-    .await;
+    let server = start_on(StoreKind::PerSecond, &[("split.yaml", RULES)]).await;
     let (main, fast) = servers(&server.backing);
 
     // Alone, each side is exact: 2 per second, 3 per minute.
@@ -97,14 +90,7 @@ async fn each_limit_counts_in_the_store_of_its_unit_and_a_request_over_either_co
 
 #[tokio::test]
 async fn one_descriptor_with_a_per_second_and_a_per_minute_limit_is_all_or_nothing() {
-    let server = start_with(
-        &[("split.yaml", RULES)],
-        Setup {
-            store: StoreKind::PerSecond,
-            ..Setup::default()
-        },
-    )
-    .await;
+    let server = start_on(StoreKind::PerSecond, &[("split.yaml", RULES)]).await;
     let layered = request("split", &[&[("layered", "x")]]);
     for remaining in [1, 0] {
         let response = server.ok(layered.clone()).await;

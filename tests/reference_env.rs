@@ -34,6 +34,17 @@ fn runtime_root(dir: &Path) -> PathBuf {
     root
 }
 
+/// The compose example's Redis and rules variables, with this machine's addresses.
+fn compose_env(dir: &Path, redis: &RedisServer) -> Vec<(&'static str, String)> {
+    vec![
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
+        ("RUNTIME_ROOT", runtime_root(dir).display().to_string()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
+    ]
+}
+
 /// Starts `ratelimit` with only `env` (and loopback listeners), and waits until it is ready.
 async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> ChildGuard {
     let http = free_port();
@@ -74,7 +85,8 @@ async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_confi
     let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let grpc = free_port();
     // The compose example's variables, with this machine's addresses.
-    let env = [
+    let mut env = compose_env(dir.path(), &redis);
+    env.extend([
         ("USE_STATSD", "true".to_owned()),
         ("STATSD_HOST", "127.0.0.1".to_owned()),
         (
@@ -83,16 +95,8 @@ async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_confi
         ),
         ("STATS_FLUSH_INTERVAL", "200ms".to_owned()),
         ("LOG_LEVEL", "debug".to_owned()),
-        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-        (
-            "RUNTIME_ROOT",
-            runtime_root(dir.path()).display().to_string(),
-        ),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
         ("CONFIG_TYPE", "FILE".to_owned()),
-    ];
+    ]);
     let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
     let ports = ports([grpc, grpc]);
     let _envoy = start_envoy(&ports, dir.path(), None).await;
@@ -124,16 +128,9 @@ async fn with_grpc_server_use_tls_and_a_client_ca_envoy_reaches_it_over_mutual_t
     let server_ca_path = server_ca.write(dir.path(), "server-ca");
     let client_ca_path = client_ca.write(dir.path(), "client-ca");
     let grpc = free_port();
-    let env = [
+    let mut env = compose_env(dir.path(), &redis);
+    env.extend([
         ("USE_STATSD", "false".to_owned()),
-        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-        (
-            "RUNTIME_ROOT",
-            runtime_root(dir.path()).display().to_string(),
-        ),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
         ("GRPC_SERVER_USE_TLS", "true".to_owned()),
         ("GRPC_SERVER_TLS_CERT", server_cert.display().to_string()),
         ("GRPC_SERVER_TLS_KEY", server_key.display().to_string()),
@@ -141,7 +138,7 @@ async fn with_grpc_server_use_tls_and_a_client_ca_envoy_reaches_it_over_mutual_t
             "GRPC_CLIENT_TLS_CACERT",
             client_ca_path.display().to_string(),
         ),
-    ];
+    ]);
     let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
     let ports = ports([grpc, grpc]);
     let tls = UpstreamTls {
@@ -250,20 +247,14 @@ async fn tracing_enabled_exports_spans_over_otlp_http_as_ratelimit() {
     let endpoint = format!("http://{}", collector.local_addr().unwrap());
     let grpc = free_port();
     let redis = RedisServer::start();
-    let env = [
+    let mut env = compose_env(dir.path(), &redis);
+    env.extend([
         ("USE_STATSD", "false".to_owned()),
         ("BACKEND_TYPE", "redis".to_owned()),
-        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-        (
-            "RUNTIME_ROOT",
-            runtime_root(dir.path()).display().to_string(),
-        ),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
         ("TRACING_ENABLED", "true".to_owned()),
         ("LOG_LEVEL", "info".to_owned()),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
-    ];
+    ]);
     let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
     let mut client =
         tollgate::pb::RateLimitServiceClient::connect(format!("http://127.0.0.1:{grpc}"))

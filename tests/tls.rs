@@ -26,6 +26,32 @@ fn write_server_cert(dir: &Path, ca: &Ca) {
     std::fs::write(dir.join("server.crt"), cert).unwrap();
 }
 
+/// A server with mutual TLS (certificates in `dir`), requiring `client_san` if given; with
+/// its server CA and client CA.
+async fn mtls_server(dir: &Path, client_san: Option<&str>) -> (TestServer, Ca, Ca) {
+    let server_ca = ca("server ca");
+    let client_ca = ca("client ca");
+    write_server_cert(dir, &server_ca);
+    std::fs::write(dir.join("client-ca.crt"), &client_ca.pem).unwrap();
+    let server = start_with(
+        &[("t.yaml", LIMITS)],
+        Setup {
+            options: Options {
+                tls: Some(TlsFiles {
+                    cert: dir.join("server.crt"),
+                    key: dir.join("server.key"),
+                    client_ca: Some(dir.join("client-ca.crt")),
+                    client_san: client_san.map(str::to_owned),
+                }),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    (server, server_ca, client_ca)
+}
+
 async fn call(port: u16, server_ca: &str, client: Option<(String, String)>) -> Result<i32, String> {
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(server_ca))
@@ -50,26 +76,7 @@ async fn call(port: u16, server_ca: &str, client: Option<(String, String)>) -> R
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_up_rotation() {
     let certs = tempfile::tempdir().unwrap();
-    let server_ca = ca("server ca");
-    let client_ca = ca("client ca");
-    write_server_cert(certs.path(), &server_ca);
-    std::fs::write(certs.path().join("client-ca.crt"), &client_ca.pem).unwrap();
-    let server = start_with(
-        &[("t.yaml", LIMITS)],
-        Setup {
-            options: Options {
-                tls: Some(TlsFiles {
-                    cert: certs.path().join("server.crt"),
-                    key: certs.path().join("server.key"),
-                    client_ca: Some(certs.path().join("client-ca.crt")),
-                    client_san: None,
-                }),
-                ..Options::default()
-            },
-            ..Setup::default()
-        },
-    )
-    .await;
+    let (server, server_ca, client_ca) = mtls_server(certs.path(), None).await;
     let port = server.grpc.port();
 
     assert!(
@@ -117,26 +124,7 @@ async fn mtls_refuses_clients_without_a_certificate_serves_valid_ones_and_picks_
 #[tokio::test]
 async fn a_required_client_san_refuses_certificates_for_other_names() {
     let certs = tempfile::tempdir().unwrap();
-    let server_ca = ca("server ca");
-    let client_ca = ca("client ca");
-    write_server_cert(certs.path(), &server_ca);
-    std::fs::write(certs.path().join("client-ca.crt"), &client_ca.pem).unwrap();
-    let server = start_with(
-        &[("t.yaml", LIMITS)],
-        Setup {
-            options: Options {
-                tls: Some(TlsFiles {
-                    cert: certs.path().join("server.crt"),
-                    key: certs.path().join("server.key"),
-                    client_ca: Some(certs.path().join("client-ca.crt")),
-                    client_san: Some("envoy.edge.svc".into()),
-                }),
-                ..Options::default()
-            },
-            ..Setup::default()
-        },
-    )
-    .await;
+    let (server, server_ca, client_ca) = mtls_server(certs.path(), Some("envoy.edge.svc")).await;
     let port = server.grpc.port();
     let other = leaf(&client_ca, &["someone.else.svc"]);
     assert!(

@@ -52,10 +52,15 @@ impl RedisServer {
     /// A standalone server on `port`.
     pub fn start_on(port: u16) -> Self {
         let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
-        Self::spawn(port, tmp, false)
+        Self::spawn(port, tmp, false, Vec::new())
     }
 
-    fn spawn(port: u16, tmp: std::sync::Arc<tempfile::TempDir>, cluster: bool) -> Self {
+    fn spawn(
+        port: u16,
+        tmp: std::sync::Arc<tempfile::TempDir>,
+        cluster: bool,
+        extra: Vec<String>,
+    ) -> Self {
         require("redis-server");
         let dir = tmp.path().join(port.to_string());
         std::fs::create_dir_all(&dir).expect("node dir");
@@ -64,7 +69,7 @@ impl RedisServer {
             child: None,
             dir,
             cluster,
-            extra: Vec::new(),
+            extra,
             _tmp: tmp,
         };
         server.launch();
@@ -115,29 +120,19 @@ impl RedisServer {
     pub fn start_tls(cert: &Path, key: &Path, client_ca: &Path) -> (Self, u16) {
         let tls_port = free_port();
         let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
-        let port = free_node_port();
-        let dir = tmp.path().join(port.to_string());
-        std::fs::create_dir_all(&dir).expect("node dir");
-        let mut server = Self {
-            port,
-            child: None,
-            dir,
-            cluster: false,
-            extra: vec![
-                "--tls-port".into(),
-                tls_port.to_string(),
-                "--tls-cert-file".into(),
-                cert.display().to_string(),
-                "--tls-key-file".into(),
-                key.display().to_string(),
-                "--tls-ca-cert-file".into(),
-                client_ca.display().to_string(),
-            ],
-            _tmp: tmp,
-        };
-        require("redis-server");
-        server.launch();
-        (server, tls_port)
+        let extra = [
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &cert.display().to_string(),
+            "--tls-key-file",
+            &key.display().to_string(),
+            "--tls-ca-cert-file",
+            &client_ca.display().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        (Self::spawn(free_node_port(), tmp, false, extra), tls_port)
     }
 
     pub fn url(&self) -> String {
@@ -166,15 +161,7 @@ impl RedisServer {
 
     /// Runs one command; `None` if the server does not answer.
     pub fn try_query(&self, args: &[&str]) -> Option<redis::Value> {
-        let client = redis::Client::open(self.url()).ok()?;
-        let mut connection = client
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .ok()?;
-        let mut command = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            command.arg(*arg);
-        }
-        command.query(&mut connection).ok()
+        query_port(self.port, args)
     }
 
     /// Runs one command and returns its reply as text.
@@ -240,7 +227,14 @@ impl RedisCluster {
         require("redis-cli");
         let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| RedisServer::spawn(free_node_port(), std::sync::Arc::clone(&tmp), true))
+            .map(|_| {
+                RedisServer::spawn(
+                    free_node_port(),
+                    std::sync::Arc::clone(&tmp),
+                    true,
+                    Vec::new(),
+                )
+            })
             .collect();
         let addresses: Vec<String> = nodes
             .iter()
@@ -484,21 +478,24 @@ impl RedisSentinels {
     }
 }
 
+/// One command to whatever Redis (or sentinel) listens on `port`; `None` if it does not
+/// answer.
+fn query_port(port: u16, args: &[&str]) -> Option<redis::Value> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut connection = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .ok()?;
+    let mut command = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        command.arg(*arg);
+    }
+    command.query(&mut connection).ok()
+}
+
 /// A sentinel's reply, flattened to words (`key value key value …`); empty if it does not
 /// answer.
 fn sentinel_query(port: u16, args: &[&str]) -> String {
-    let answer = || -> Option<redis::Value> {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
-        let mut connection = client
-            .get_connection_with_timeout(Duration::from_secs(2))
-            .ok()?;
-        let mut command = redis::cmd(args[0]);
-        for arg in &args[1..] {
-            command.arg(*arg);
-        }
-        command.query(&mut connection).ok()
-    };
-    answer()
+    query_port(port, args)
         .and_then(|value| redis::from_redis_value::<Vec<String>>(value).ok())
         .map(|words| words.join(" "))
         .unwrap_or_default()

@@ -38,6 +38,8 @@ pub struct Health {
     store_up: Gauge,
     /// `--ready-needs-rules`: the rules in force, which must name a domain for readiness.
     rules: Option<Arc<ArcSwap<RuleSet>>>,
+    /// Rules from a control plane: set once the first set is applied.
+    first_config: Option<Arc<AtomicBool>>,
     /// The readiness last published.
     published: Arc<AtomicBool>,
 }
@@ -56,6 +58,7 @@ impl Health {
             store_gates_readiness,
             store_up,
             rules: None,
+            first_config: None,
             published: Arc::new(AtomicBool::new(false)),
         };
         health.publish().await;
@@ -69,9 +72,20 @@ impl Health {
         self
     }
 
+    /// Ready only once `first_config` is set (checked at every probe).
+    pub async fn requiring_first_config(mut self, first_config: Arc<AtomicBool>) -> Self {
+        self.first_config = Some(first_config);
+        self.publish().await;
+        self
+    }
+
     pub fn is_ready(&self) -> bool {
         (self.is_store_ok() || !self.store_gates_readiness)
             && self.has_rules()
+            && self
+                .first_config
+                .as_ref()
+                .is_none_or(|loaded| loaded.load(Ordering::SeqCst))
             && !self.shutting_down.load(Ordering::SeqCst)
     }
 

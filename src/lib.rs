@@ -30,7 +30,8 @@
 //! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags.
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
 //!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
-//!   `statsd`: the metrics sent to statsd under the reference's stat names.
+//!   `statsd`: the metrics sent to statsd under the reference's stat names; `xds`: rules pushed
+//!   by a control plane (`config/xds.rs` reads the resources).
 //! - `limiter`: the decision, free of transport types; `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
 //!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
@@ -83,3 +84,4 @@ pub mod statsd;
 pub mod storage;
 pub mod telemetry;
 pub mod tls;
+pub mod xds;

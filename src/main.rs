@@ -75,10 +75,16 @@ async fn run(
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    for skipped in config::skipped_files(&args.config, args.load_options()) {
-        tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
-    }
-    let rules = config::load(&args.config, args.load_options())?;
+    // Rules from a control plane arrive once serving; files are read before.
+    let rules = match &args.config {
+        Some(dir) => {
+            for skipped in config::skipped_files(dir, args.load_options()) {
+                tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
+            }
+            config::load(dir, args.load_options())?
+        }
+        None => tollgate::rules::RuleSet::default(),
+    };
     let options = args.options();
     let store = build_store(&args.store_spec()?, &args.store_options(), &options.metrics);
     let mut listeners = match &args.grpc_uds {

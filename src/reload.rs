@@ -30,9 +30,23 @@ const SETTLE: Duration = Duration::from_millis(250);
 #[derive(Debug, Default)]
 pub struct ReloadStatus {
     last_error: Mutex<Option<String>>,
+    /// Where the rules in force came from, when not from files (`xds SERVER, version V`).
+    source: Mutex<Option<String>>,
 }
 
 impl ReloadStatus {
+    /// Where the rules in force came from, if set.
+    pub fn source(&self) -> Option<String> {
+        self.source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn set_source(&self, source: String) {
+        *self.source.lock().unwrap_or_else(PoisonError::into_inner) = Some(source);
+    }
+
     /// The error of the latest reload, if it failed (the previous config is still in force).
     pub fn last_error(&self) -> Option<String> {
         self.last_error
@@ -41,7 +55,7 @@ impl ReloadStatus {
             .clone()
     }
 
-    fn set(&self, error: Option<String>) {
+    pub fn set(&self, error: Option<String>) {
         *self
             .last_error
             .lock()

@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -27,6 +28,7 @@ use crate::service::{OnStoreError, RlsService, ServiceOptions};
 use crate::statsd::StatsdOptions;
 use crate::storage::CounterStore;
 use crate::tls::{TlsFiles, TlsIncoming};
+use crate::xds::XdsOptions;
 
 /// Server settings that are not about counting.
 #[derive(Debug, Clone)]
@@ -53,6 +55,10 @@ pub struct Options {
     pub ready_needs_rules: bool,
     /// Send the metrics to statsd too.
     pub statsd: Option<StatsdOptions>,
+    /// Take the rules from a control plane over xDS instead of files.
+    pub xds: Option<XdsOptions>,
+    /// With `xds`, be ready before the first rules arrive (unknown domains are answered OK).
+    pub serve_before_config: bool,
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
@@ -72,6 +78,8 @@ impl Default for Options {
             tls: None,
             ready_needs_rules: false,
             statsd: None,
+            xds: None,
+            serve_before_config: false,
             runtime: Flavor::default(),
         }
     }
@@ -270,6 +278,19 @@ pub async fn run(
         None => None,
     };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
+    if options.reload.is_some() {
+        options.metrics.config_source("files", "");
+    }
+    let first_config = Arc::new(AtomicBool::new(false));
+    let follower = options.xds.clone().map(|xds| {
+        crate::xds::spawn(
+            xds,
+            Arc::clone(&rules),
+            Arc::clone(&options.reload_status),
+            Arc::clone(&options.metrics),
+            Arc::clone(&first_config),
+        )
+    });
     let reloader = options.reload.clone().map(|reload| {
         crate::reload::spawn(
             reload,
@@ -293,6 +314,9 @@ pub async fn run(
     let mut health = Health::new(reporter, store_gates_readiness, store_up).await;
     if options.ready_needs_rules {
         health = health.requiring_rules(Arc::clone(&rules)).await;
+    }
+    if options.xds.is_some() && !options.serve_before_config {
+        health = health.requiring_first_config(first_config).await;
     }
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
@@ -330,7 +354,7 @@ pub async fn run(
     tokio::time::sleep(options.shutdown_delay).await;
     let _ = stop.send(true);
     probe.abort();
-    for task in reloader.iter().chain(&statsd) {
+    for task in reloader.iter().chain(&statsd).chain(&follower) {
         task.abort();
     }
     if let Some(metrics_only) = metrics_only {

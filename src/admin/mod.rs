@@ -163,6 +163,9 @@ async fn reset_counters(State(admin): State<Admin>, body: Bytes) -> Response {
 /// the last good ones).
 async fn config(State(admin): State<Admin>) -> String {
     let mut out = describe(&admin.limiter.rules());
+    if let Some(source) = admin.reload.source() {
+        let _ = write!(out, "\nsource: {source}\n");
+    }
     if let Some(error) = admin.reload.last_error() {
         let _ = write!(
             out,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 
+use super::xds_args::XdsArgs;
 use crate::runtime::Flavor;
 use crate::service::ServiceOptions;
 use crate::telemetry::ratio;
@@ -31,8 +32,16 @@ pub struct ServeArgs {
     pub env: EnvStyle,
 
     /// Directory of YAML rule files (one domain per file).
-    #[arg(long, env = "TOLLGATE_CONFIG", help_heading = "Rules")]
-    pub config: PathBuf,
+    #[arg(
+        long,
+        env = "TOLLGATE_CONFIG",
+        required_unless_present = "config_xds",
+        help_heading = "Rules"
+    )]
+    pub config: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub xds: XdsArgs,
 
     /// Poll the config directory this often instead of watching it for file events (for
     /// filesystems without inotify, such as some network mounts).
@@ -296,7 +305,7 @@ fn url_path(text: &str) -> Result<String, String> {
 }
 
 /// `key=value`, neither empty.
-fn tag(text: &str) -> Result<(String, String), String> {
+pub fn tag(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() && !value.is_empty() => {
             Ok((key.to_owned(), value.to_owned()))
@@ -306,7 +315,7 @@ fn tag(text: &str) -> Result<(String, String), String> {
 }
 
 /// A duration above zero.
-fn positive_duration(text: &str) -> Result<Duration, String> {
+pub fn positive_duration(text: &str) -> Result<Duration, String> {
     match humantime::parse_duration(text) {
         Ok(duration) if !duration.is_zero() => Ok(duration),
         Ok(_) => Err("must be more than zero".into()),

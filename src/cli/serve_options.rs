@@ -164,11 +164,13 @@ impl ServeArgs {
                     client_ca: self.tls_client_ca.clone(),
                     client_san: self.tls_client_san.clone(),
                 }),
-            reload: Some(ReloadOptions {
-                dir: self.config.clone(),
+            reload: self.config.clone().map(|dir| ReloadOptions {
+                dir,
                 poll: self.config_poll,
                 load: self.load_options(),
             }),
+            xds: self.xds.options(self.merge_domains),
+            serve_before_config: self.xds.serve_before_config,
             metrics: Arc::new(Metrics::new(
                 self.near_limit_ratio,
                 self.metrics_max_detailed,

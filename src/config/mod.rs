@@ -15,10 +15,11 @@ pub mod file;
 mod limits;
 mod raw;
 mod tree;
+pub mod xds;
 
 use std::path::{Path, PathBuf};
 
-use crate::rules::RuleSet;
+use crate::rules::{DomainRules, RuleSet};
 pub use error::{ConfigError, ConfigErrors};
 
 /// Which files make the config and how files of one domain combine. The default is
@@ -45,13 +46,25 @@ pub fn load(dir: &Path, options: LoadOptions) -> Result<RuleSet, ConfigErrors> {
     let files = listing(dir, options)
         .map_err(|error| ConfigErrors(vec![error]))?
         .0;
-    let mut errors = Vec::new();
-    let mut domains: Vec<(PathBuf, crate::rules::DomainRules)> = Vec::new();
-    for path in files {
-        let parsed = std::fs::read_to_string(&path)
+    let parsed = files.into_iter().map(|path| {
+        let domain = std::fs::read_to_string(&path)
             .map_err(|error| io_error(&path, &error))
             .and_then(|text| file::parse(&path, &text));
-        let domain = match parsed {
+        (path, domain)
+    });
+    combine(parsed, options.merge_domains)
+}
+
+/// The rule set of parsed sources (files, or xDS resources by name), one domain each: a second
+/// source of a domain is an error unless `merge`, every error is kept.
+fn combine(
+    parsed: impl IntoIterator<Item = (PathBuf, Result<DomainRules, ConfigError>)>,
+    merge: bool,
+) -> Result<RuleSet, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut domains: Vec<(PathBuf, DomainRules)> = Vec::new();
+    for (path, domain) in parsed {
+        let domain = match domain {
             Ok(domain) => domain,
             Err(error) => {
                 errors.push(error);
@@ -63,7 +76,7 @@ pub fn load(dir: &Path, options: LoadOptions) -> Result<RuleSet, ConfigErrors> {
             continue;
         };
         let name = format!("domain {:?}", domain.name);
-        if !options.merge_domains {
+        if !merge {
             let reason = format!("duplicate domain, already defined in {}", first.display());
             errors.push(ConfigError::at(&path, 1, name, reason));
         } else if let Err((key, value)) = known.root.merge(domain.root) {

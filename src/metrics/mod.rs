@@ -60,6 +60,8 @@ pub struct Metrics {
     /// When the rules in force (or a failed attempt to replace them) were last loaded.
     config_load_time: Gauge<f64, AtomicU64>,
     config_load_success: Gauge,
+    /// `tollgate_config_source_info{source, version}`: 1 for the rules in force.
+    config_source: Family<Labels, Gauge>,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
     pub tokio_tasks: Gauge,
@@ -132,6 +134,7 @@ impl Metrics {
             store_up: Gauge::default(),
             config_load_time: Gauge::default(),
             config_load_success: Gauge::default(),
+            config_source: Family::default(),
             process: {
                 let mut process = Registry::default();
                 process.register_collector(Box::new(crate::process::ProcessCollector));
@@ -229,6 +232,11 @@ impl Metrics {
             "config_last_load_success",
             "1 if the last config load or reload succeeded, 0 if it failed",
             self.config_load_success.clone(),
+        );
+        r.register(
+            "config_source_info",
+            "Where the rules in force came from (files, xds) and their version, as labels",
+            self.config_source.clone(),
         );
         r.register(
             "store_up",
@@ -392,6 +400,16 @@ impl Metrics {
         }
         let _ = encode(&mut out, &self.process);
         out
+    }
+
+    /// Labels the rules in force with their source and version (only these labels remain).
+    pub fn config_source(&self, source: &str, version: &str) {
+        self.config_source.clear();
+        let labels = vec![
+            ("source", source.to_owned()),
+            ("version", version.to_owned()),
+        ];
+        self.config_source.get_or_create(&labels).set(1);
     }
 
     /// Records a config load (at start or a reload) and whether it succeeded.

@@ -13,6 +13,7 @@
 mod reader;
 mod translation;
 pub mod variables;
+mod xds_vars;
 
 use std::collections::HashMap;
 use std::ffi::OsString;

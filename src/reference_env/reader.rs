@@ -14,7 +14,7 @@ pub struct Reader<'a> {
 
 impl Reader<'_> {
     /// The variable's value, or the reference's default when it is unset or empty.
-    fn text(&mut self, name: &str) -> String {
+    pub(super) fn text(&mut self, name: &str) -> String {
         self.out.read.insert(name.to_owned());
         match self.vars.get(name).map(|value| value.trim()) {
             Some(value) if !value.is_empty() => value.to_owned(),
@@ -26,7 +26,7 @@ impl Reader<'_> {
     }
 
     /// A boolean as Go's `strconv.ParseBool` reads it.
-    fn switch(&mut self, name: &str) -> Result<bool, EnvError> {
+    pub(super) fn switch(&mut self, name: &str) -> Result<bool, EnvError> {
         match self.text(name).as_str() {
             "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
             "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
@@ -35,7 +35,7 @@ impl Reader<'_> {
     }
 
     /// `flag value`, from `variable`.
-    fn flag(&mut self, flag: &str, value: impl Into<String>, variable: &str) {
+    pub(super) fn flag(&mut self, flag: &str, value: impl Into<String>, variable: &str) {
         self.out.args.extend([flag.to_owned(), value.into()]);
         self.out
             .sources
@@ -43,7 +43,7 @@ impl Reader<'_> {
     }
 
     /// A boolean flag, set when `variable` is true.
-    fn flag_if(&mut self, variable: &str, flag: &str) -> Result<(), EnvError> {
+    pub(super) fn flag_if(&mut self, variable: &str, flag: &str) -> Result<(), EnvError> {
         if self.switch(variable)? {
             self.out.args.push(flag.to_owned());
         }
@@ -128,21 +128,32 @@ impl Reader<'_> {
     }
 
     pub fn config(&mut self) -> Result<(), EnvError> {
-        match self.text("CONFIG_TYPE").to_ascii_uppercase().as_str() {
-            "FILE" => {}
-            "GRPC_XDS_SOTW" => {
-                return Err(refuse(
-                    "CONFIG_TYPE",
-                    "GRPC_XDS_SOTW (rules pushed over xDS) is not supported yet; tollgate reads rules from files (CONFIG_TYPE=FILE)",
-                ));
-            }
+        let from_files = match self.text("CONFIG_TYPE").to_ascii_uppercase().as_str() {
+            "FILE" => true,
+            "GRPC_XDS_SOTW" => false,
             other => {
                 return Err(refuse(
                     "CONFIG_TYPE",
                     format!("{other:?}: expected FILE or GRPC_XDS_SOTW"),
                 ));
             }
-        }
+        };
+        self.flag_if("MERGE_DOMAIN_CONFIG", "--merge-domains")?;
+        self.flag_if(
+            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+            "--ready-needs-rules",
+        )?;
+        // Both are read either way, so that a set variable never goes unnoticed; only the
+        // source CONFIG_TYPE names gives flags.
+        let files = self.files()?;
+        let xds = self.xds()?;
+        self.out.args.extend(if from_files { files } else { xds });
+        Ok(())
+    }
+
+    /// The flags of the rule files under RUNTIME_ROOT.
+    fn files(&mut self) -> Result<Vec<String>, EnvError> {
+        let mut flags = Vec::new();
         let mut dir = PathBuf::from(self.text("RUNTIME_ROOT"));
         for part in ["RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"] {
             let part = self.text(part);
@@ -150,22 +161,18 @@ impl Reader<'_> {
                 dir.push(part);
             }
         }
-        self.flag("--config", dir.display().to_string(), "RUNTIME_ROOT");
+        flags.extend(["--config".into(), dir.display().to_string()]);
         // The reference reads every file under the directory, whatever its name.
-        self.out.args.push("--config-every-file".into());
+        flags.push("--config-every-file".into());
         if !self.switch("RUNTIME_IGNOREDOTFILES")? {
-            self.out.args.push("--config-dotfiles".into());
+            flags.push("--config-dotfiles".into());
         }
         // With RUNTIME_WATCH_ROOT the reference reloads when RUNTIME_ROOT, a link, is swapped
         // to another directory: a watch on the old directory would not see that, a poll does.
         if self.switch("RUNTIME_WATCH_ROOT")? {
-            self.flag("--config-poll", "1s", "RUNTIME_WATCH_ROOT");
+            flags.extend(["--config-poll".into(), "1s".into()]);
         }
-        self.flag_if("MERGE_DOMAIN_CONFIG", "--merge-domains")?;
-        self.flag_if(
-            "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-            "--ready-needs-rules",
-        )
+        Ok(flags)
     }
 
     pub fn behaviour(&mut self) -> Result<(), EnvError> {

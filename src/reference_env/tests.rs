@@ -31,6 +31,9 @@ fn refusal(pairs: &[(&str, &str)]) -> String {
 
 /// Everything switched on that has a switch, so that every variable is consulted.
 const EVERYTHING: &[(&str, &str)] = &[
+    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/xds/ca.crt"),
     ("GRPC_SERVER_USE_TLS", "true"),
     ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
     ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
@@ -88,7 +91,7 @@ fn the_defaults_are_the_reference_defaults() {
     assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
     assert_eq!(
         args.config,
-        PathBuf::from("/srv/runtime_data/current/config")
+        Some(PathBuf::from("/srv/runtime_data/current/config"))
     );
     assert!(args.config_every_file && args.config_dotfiles);
     assert_eq!(args.config_poll, Some(std::time::Duration::from_secs(1)));
@@ -168,11 +171,60 @@ fn config_directory_and_loading() {
         ("MERGE_DOMAIN_CONFIG", "true"),
         ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
     ]);
-    assert_eq!(args.config, PathBuf::from("/data/ratelimit/config"));
+    assert_eq!(args.config, Some(PathBuf::from("/data/ratelimit/config")));
     assert!(args.config_every_file && !args.config_dotfiles);
     assert_eq!(args.config_poll, None, "watched, not polled");
     assert!(args.merge_domains && args.ready_needs_rules);
-    assert!(refusal(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).starts_with("CONFIG_TYPE: GRPC_XDS_SOTW"));
+    assert!(refusal(&[("CONFIG_TYPE", "CONSUL")]).starts_with("CONFIG_TYPE: \"CONSUL\""));
+}
+
+/// Envoy Gateway's environment for its rate-limit service.
+#[test]
+fn the_xds_config_source_as_envoy_gateway_sets_it() {
+    let args = serve(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("CONFIG_GRPC_XDS_NODE_METADATA", "zone=a,junk"),
+        ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-token:abc"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "envoy-gateway"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "2s"),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ]);
+    assert_eq!(args.config, None, "no rule files");
+    assert_eq!(args.xds.config_xds.as_deref(), Some("envoy-gateway:18001"));
+    assert_eq!(args.xds.xds_node_id, "envoy-ratelimit");
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    assert_eq!(args.xds.xds_node_metadata, [pair("zone", "a")]);
+    assert_eq!(args.xds.xds_headers, [pair("x-token", "abc")]);
+    assert_eq!(args.xds.xds_tls_ca, Some(PathBuf::from("/certs/ca.crt")));
+    assert_eq!(args.xds.xds_tls_cert, Some(PathBuf::from("/certs/tls.crt")));
+    assert_eq!(
+        args.xds.xds_tls_server_name.as_deref(),
+        Some("envoy-gateway")
+    );
+    assert_eq!(
+        args.xds.xds_backoff_initial,
+        std::time::Duration::from_secs(2)
+    );
+    assert_eq!(args.xds.xds_backoff_max, std::time::Duration::from_secs(60));
+    assert!(args.xds.serve_before_config);
+    let untrusted = refusal(&[
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ]);
+    assert!(
+        untrusted.starts_with("CONFIG_GRPC_XDS_SERVER_TLS_CACERT: required"),
+        "{untrusted}"
+    );
 }
 
 #[test]

@@ -38,7 +38,6 @@ const fn ignored(name: &'static str, default: &'static str, why: &'static str) -
     }
 }
 
-const XDS: &str = "the xDS config source (CONFIG_TYPE=GRPC_XDS_SOTW) is not supported yet";
 const MEMCACHE: &str = "memcache is not a tollgate store (BACKEND_TYPE=memcache is refused)";
 const GO_POOL: &str = "tunes the reference's Go connection pool; tollgate multiplexes every call over --redis-connections connections";
 const STARTUP: &str = "tollgate starts without Redis and connects in the background, retrying every 0.1 to 5 s, for ever";
@@ -87,12 +86,12 @@ pub const VARIABLES: &[Variable] = &[
     honoured(
         "CONFIG_TYPE",
         "FILE",
-        "FILE; GRPC_XDS_SOTW is refused (not supported yet)",
+        "FILE: --config; GRPC_XDS_SOTW: --config-xds",
     ),
-    ignored(
+    honoured(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
         "false",
-        "the files are read before serving, and an invalid config stops startup with its errors",
+        "--serve-before-config (xDS; files are read before serving, and an invalid one stops startup)",
     ),
     honoured(
         "RUNTIME_ROOT",
@@ -118,21 +117,65 @@ pub const VARIABLES: &[Variable] = &[
         "--ready-needs-rules",
     ),
     // xDS.
-    ignored("CONFIG_GRPC_XDS_NODE_ID", "default", XDS),
-    ignored("CONFIG_GRPC_XDS_NODE_METADATA", "", XDS),
-    ignored("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000", XDS),
-    ignored("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "3s", XDS),
-    ignored("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "", XDS),
-    ignored("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false", XDS),
-    ignored("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", XDS),
-    ignored("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", XDS),
-    ignored("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "", XDS),
-    ignored("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "", XDS),
-    ignored("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "10s", XDS),
-    ignored("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "60s", XDS),
-    ignored("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", "0.5", XDS),
-    ignored("XDS_CLIENT_BACKOFF_JITTER", "true", XDS),
-    ignored("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", "", XDS),
+    honoured("CONFIG_GRPC_XDS_NODE_ID", "default", "--xds-node-id"),
+    honoured("CONFIG_GRPC_XDS_NODE_METADATA", "", "--xds-node-metadata"),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_URL",
+        "localhost:18000",
+        "--config-xds (with CONFIG_TYPE=GRPC_XDS_SOTW)",
+    ),
+    ignored(
+        "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+        "3s",
+        "reconnecting follows XDS_CLIENT_BACKOFF_INITIAL_INTERVAL and XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    ),
+    honoured(
+        "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+        "",
+        "--xds-header",
+    ),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        "false",
+        "--xds-tls-ca and the TLS flags below",
+    ),
+    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "", "--xds-tls-cert"),
+    honoured("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "", "--xds-tls-key"),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+        "",
+        "--xds-tls-ca (required for TLS: tollgate trusts only the CA it is given)",
+    ),
+    honoured(
+        "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        "",
+        "--xds-tls-server-name",
+    ),
+    honoured(
+        "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+        "10s",
+        "--xds-backoff-initial",
+    ),
+    honoured(
+        "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+        "60s",
+        "--xds-backoff-max",
+    ),
+    ignored(
+        "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+        "0.5",
+        "every reconnection wait is jittered by up to half",
+    ),
+    ignored(
+        "XDS_CLIENT_BACKOFF_JITTER",
+        "true",
+        "every reconnection wait is jittered by up to half",
+    ),
+    honoured(
+        "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+        "",
+        "--xds-max-message-bytes",
+    ),
     // Behaviour.
     honoured("BACKEND_TYPE", "redis", "redis; memcache is refused"),
     honoured("CACHE_KEY_PREFIX", "", "--store-key-prefix"),

@@ -5,6 +5,7 @@
 pub mod certs;
 pub mod envoy;
 pub mod redis_process;
+pub mod xds;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -229,7 +230,8 @@ pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer 
     let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
     let (store, backing) = build_store(&setup, &clock);
-    let server_needs_rules = setup.options.ready_needs_rules;
+    let server_needs_rules = setup.options.ready_needs_rules
+        || (setup.options.xds.is_some() && !setup.options.serve_before_config);
     let listeners = Listeners::bind(loopback(), loopback())
         .await
         .expect("bind loopback");
@@ -248,7 +250,8 @@ pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer 
         _dir: dir,
         backing,
     };
-    // Not ready without a domain is the point of that option: its tests wait themselves.
+    // Not ready without a domain, or before a control plane's first rules, is the point of
+    // those options: their tests wait themselves.
     if !server_needs_rules {
         server.wait_ready().await;
     }

@@ -18,9 +18,11 @@
 //! # Modules, by layer (each imports only from its own layer or lower ones)
 //!
 //! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes;
-//!   `reference_env/reader.rs` reads them; `reference_env/translation.rs` what that yields):
+//!   `reference_env/reader.rs` reads them, `reference_env/xds_vars.rs` those of the xDS source;
+//!   `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
-//! - `cli` (`cli/serve.rs`: `serve`'s flags; `cli/serve_options.rs`: what they configure):
+//! - `cli` (`cli/serve.rs`: `serve`'s flags, `cli/xds_args.rs` those of the xDS source,
+//!   `cli/values.rs` their value parsers; `cli/serve_options.rs`: what they configure):
 //!   the command line (`serve`, `check`, `query`,
 //!   `bench`, `health`, `reset`); `main.rs` wires it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown.

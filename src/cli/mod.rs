@@ -5,6 +5,7 @@
 
 mod serve;
 mod serve_options;
+mod values;
 mod xds_args;
 
 use std::path::PathBuf;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 
+use super::values::{key_prefix, positive_duration, tag, url_path};
 use super::xds_args::XdsArgs;
 use crate::runtime::Flavor;
 use crate::service::ServiceOptions;
@@ -284,41 +285,4 @@ pub struct ServeArgs {
     /// connections dealt to it in turn; not with TLS). See docs/performance.md.
     #[arg(long, env = "TOLLGATE_RUNTIME", value_enum, default_value_t = Flavor::default(), help_heading = "Runtime")]
     pub runtime: Flavor,
-}
-
-/// A key prefix without `{` or `}`, which would choose the Redis Cluster slot.
-fn key_prefix(text: &str) -> Result<String, String> {
-    if text.contains(['{', '}']) {
-        Err("must not contain `{` or `}` (they would choose the Redis Cluster slot)".into())
-    } else {
-        Ok(text.to_owned())
-    }
-}
-
-/// An absolute URL path.
-fn url_path(text: &str) -> Result<String, String> {
-    if text.starts_with('/') && !text.contains(char::is_whitespace) {
-        Ok(text.to_owned())
-    } else {
-        Err(format!("{text:?} is not a path starting with /"))
-    }
-}
-
-/// `key=value`, neither empty.
-pub fn tag(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((key, value)) if !key.is_empty() && !value.is_empty() => {
-            Ok((key.to_owned(), value.to_owned()))
-        }
-        _ => Err(format!("{text:?} is not key=value")),
-    }
-}
-
-/// A duration above zero.
-pub fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(duration) if !duration.is_zero() => Ok(duration),
-        Ok(_) => Err("must be more than zero".into()),
-        Err(error) => Err(error.to_string()),
-    }
 }

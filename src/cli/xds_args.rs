@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 
-use super::serve::{positive_duration, tag};
+use super::values::{positive_duration, tag};
 use crate::xds::{XdsOptions, XdsTls};
 
 #[derive(Debug, Args)]

@@ -80,6 +80,11 @@ pub const VARIABLES: &[Variable] = &[
     honoured("GRPC_SERVER_TLS_KEY", "", "--tls-key"),
     honoured("GRPC_CLIENT_TLS_CACERT", "", "--tls-client-ca (mutual TLS)"),
     honoured("GRPC_CLIENT_TLS_SAN", "", "--tls-client-san"),
+    ignored(
+        "GRPC_SERVER_TLS_CA_CERT",
+        "",
+        "not read by envoyproxy/ratelimit either (Envoy Gateway sets it); client certificates are required only with GRPC_CLIENT_TLS_CACERT",
+    ),
     honoured("LOG_LEVEL", "WARN", "--log-level"),
     honoured("LOG_FORMAT", "text", "--log-format"),
     // Config.

@@ -91,7 +91,19 @@ pub fn loopback(port: u16) -> SocketAddr {
 }
 
 pub async fn start_envoy(ports: &Ports, dir: &Path, tls: Option<&UpstreamTls>) -> ChildGuard {
+    start_envoy_edited(ports, dir, tls, |text| text).await
+}
+
+/// `start_envoy` with the config text changed by `edit` first.
+pub async fn start_envoy_edited(
+    ports: &Ports,
+    dir: &Path,
+    tls: Option<&UpstreamTls>,
+    edit: impl Fn(String) -> String,
+) -> ChildGuard {
     let config = envoy_config(ports, dir, tls);
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, edit(text)).unwrap();
     let child = Command::new(envoy_binary())
         .arg("-c")
         .arg(&config)

@@ -159,6 +159,9 @@ async fn decisions_follow_the_control_plane_through_updates_a_rejection_and_its_
     plane.push("5", vec![config("a", "a", 7)]);
     plane.restart(None).await;
     until_serving(&server, "a", Some(7)).await;
+    // The counter of (k, y) lived through the update: 2 used, 7 now allowed.
+    let response = server.ok(request("a", &[&[("k", "y")]])).await;
+    assert_eq!(response.statuses[0].limit_remaining, 4);
     assert!(plane.tokens().len() > streams_before, "a new stream");
     plane
         .request_where(|r| r.version_info == "3" && r.response_nonce.is_empty())

@@ -36,6 +36,8 @@ pub struct Health {
     store_gates_readiness: bool,
     /// `tollgate_store_up`.
     store_up: Gauge,
+    /// `tollgate_ready`.
+    ready: Gauge,
     /// `--ready-needs-rules`: the rules in force, which must name a domain for readiness.
     rules: Option<Arc<ArcSwap<RuleSet>>>,
     /// Rules from a control plane: set once the first set is applied.
@@ -49,7 +51,7 @@ impl Health {
     pub async fn new(
         reporter: HealthReporter,
         store_gates_readiness: bool,
-        store_up: Gauge,
+        (store_up, ready): (Gauge, Gauge),
     ) -> Self {
         let health = Self {
             reporter,
@@ -57,6 +59,7 @@ impl Health {
             shutting_down: Arc::new(AtomicBool::new(false)),
             store_gates_readiness,
             store_up,
+            ready,
             rules: None,
             first_config: None,
             published: Arc::new(AtomicBool::new(false)),
@@ -131,6 +134,7 @@ impl Health {
     async fn publish(&self) {
         let ready = self.is_ready();
         self.published.store(ready, Ordering::SeqCst);
+        self.ready.set(i64::from(ready));
         if !self.has_rules() {
             tracing::warn!("the rules name no domain; not ready (--ready-needs-rules)");
         }

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::server::{Router, TcpIncoming};
 
+use crate::admin::writes::AdminWrites;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::metrics::Metrics;
@@ -59,6 +60,8 @@ pub struct Options {
     pub xds: Option<XdsOptions>,
     /// With `xds`, be ready before the first rules arrive (unknown domains are answered OK).
     pub serve_before_config: bool,
+    /// Who may use the admin's mutating endpoints.
+    pub admin_writes: AdminWrites,
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
@@ -80,6 +83,7 @@ impl Default for Options {
             statsd: None,
             xds: None,
             serve_before_config: false,
+            admin_writes: AdminWrites::OPEN,
             runtime: Flavor::default(),
         }
     }
@@ -311,7 +315,8 @@ pub async fn run(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
     let store_up = options.metrics.store_up.clone();
-    let mut health = Health::new(reporter, store_gates_readiness, store_up).await;
+    let gauges = (store_up, options.metrics.ready.clone());
+    let mut health = Health::new(reporter, store_gates_readiness, gauges).await;
     if options.ready_needs_rules {
         health = health.requiring_rules(Arc::clone(&rules)).await;
     }
@@ -329,6 +334,7 @@ pub async fn run(
     let router = grpc_router(service.clone(), health_service, max_request_bytes)?;
     let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
     let admin = crate::admin::router(
+        options.admin_writes.clone(),
         service,
         limiter,
         health.clone(),

@@ -193,3 +193,75 @@ async fn in_flight_calls_finish_when_shutdown_starts() {
     assert_eq!(answered + refused, 50);
     server.take_task().await.unwrap().unwrap();
 }
+
+/// `--admin-token`: the mutating endpoints want it as a bearer token (401 without it or with
+/// another); reads stay open. `--admin-writes off`: they answer 403 whatever is sent.
+#[tokio::test]
+async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_off() {
+    use tollgate::admin::writes::AdminWrites;
+    let body =
+        r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"one_per_day","value":"x"}]}]}"#;
+    let guarded = start_with(
+        &[("admin.yaml", CONFIG)],
+        Setup {
+            options: Options {
+                admin_writes: AdminWrites {
+                    enabled: true,
+                    token: Some("s3cret".into()),
+                },
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    for path in ["/json", "/reset"] {
+        let (status, text) = guarded.http("POST", path, body).await;
+        assert_eq!(status, 401, "{path}: {text}");
+        let wrong = [("Authorization", "Bearer s3cre")];
+        assert_eq!(
+            http_with(guarded.http, "POST", path, body, &wrong).await.0,
+            401
+        );
+    }
+    let right = [("Authorization", "Bearer s3cret")];
+    assert_eq!(
+        http_with(guarded.http, "POST", "/json", body, &right)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http_with(guarded.http, "POST", "/reset", body, &right).await,
+        (200, r#"{"reset":1}"#.to_owned())
+    );
+    assert_eq!(
+        guarded.http("GET", "/config", "").await.0,
+        200,
+        "reads stay open"
+    );
+
+    let off = start_with(
+        &[("admin.yaml", CONFIG)],
+        Setup {
+            options: Options {
+                admin_writes: AdminWrites {
+                    enabled: false,
+                    token: None,
+                },
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    for path in ["/json", "/reset"] {
+        let (status, text) = off.http("POST", path, body).await;
+        assert_eq!(
+            (status, text.as_str()),
+            (403, "disabled: this server runs with --admin-writes off\n"),
+            "{path}"
+        );
+    }
+    assert_eq!(off.http("GET", "/metrics", "").await.0, 200);
+}

@@ -3,9 +3,10 @@
 //! runs), `/readyz` (as `/healthcheck`, plus the store's state), `POST /json` (a `RateLimitRequest` as protojson; 200
 //! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable), `GET /config` (the
 //! active rules, one line per limit), and tollgate's own `POST /reset` (an operator's reset
-//! of the counters a request names).
+//! of the counters a request names). `writes.rs` guards the two that change state.
 
 pub mod json;
+pub mod writes;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -35,22 +36,29 @@ struct Admin {
     reload: Arc<ReloadStatus>,
 }
 
-/// The admin routes.
+/// The admin routes; `writes` guards the mutating ones.
 pub fn router(
+    writes: writes::AdminWrites,
     service: RlsService,
     limiter: Arc<RateLimiter>,
     health: Health,
     metrics: Arc<Metrics>,
     reload: Arc<ReloadStatus>,
 ) -> Router {
+    let mutating = Router::new()
+        .route("/json", post(decide_json))
+        .route("/reset", post(reset_counters))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::new(writes),
+            writes::guard,
+        ));
     Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthcheck", get(readiness))
         .route("/readyz", get(readiness_with_store))
         .route("/healthz", get(|| async { "OK" }))
-        .route("/json", post(decide_json))
-        .route("/reset", post(reset_counters))
         .route("/config", get(config))
+        .merge(mutating)
         .with_state(Admin {
             service,
             limiter,

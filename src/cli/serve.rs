@@ -120,6 +120,21 @@ pub struct ServeArgs {
     )]
     pub tls_client_san: Option<String>,
 
+    /// Whether the admin's mutating endpoints (`POST /json`, `POST /reset`) answer: `on`, or
+    /// `off` (403).
+    #[arg(long, env = "TOLLGATE_ADMIN_WRITES", default_value = "on", value_parser = BoolishValueParser::new(), action = clap::ArgAction::Set, help_heading = "Listeners and TLS")]
+    pub admin_writes: bool,
+
+    /// Require `Authorization: Bearer <token>` on the admin's mutating endpoints (401
+    /// without it); best set from a Secret through the environment variable.
+    #[arg(
+        long,
+        env = "TOLLGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        help_heading = "Listeners and TLS"
+    )]
+    pub admin_token: Option<String>,
+
     /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
     #[arg(
         long,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::serve::ServeArgs;
+use crate::admin::writes::AdminWrites;
 use crate::algorithm::Charge;
 use crate::config::LoadOptions;
 use crate::limiter::Modes;
@@ -171,6 +172,10 @@ impl ServeArgs {
             }),
             xds: self.xds.options(self.merge_domains),
             serve_before_config: self.xds.serve_before_config,
+            admin_writes: AdminWrites {
+                enabled: self.admin_writes,
+                token: self.admin_token.clone().filter(|token| !token.is_empty()),
+            },
             metrics: Arc::new(Metrics::new(
                 self.near_limit_ratio,
                 self.metrics_max_detailed,

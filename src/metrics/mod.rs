@@ -57,6 +57,8 @@ pub struct Metrics {
     pub config_reloads: Family<Labels, Counter>,
     pub deny_cache_hits: Counter,
     pub store_up: Gauge,
+    /// `tollgate_ready`: 1 while health reports SERVING.
+    pub ready: Gauge,
     /// When the rules in force (or a failed attempt to replace them) were last loaded.
     config_load_time: Gauge<f64, AtomicU64>,
     config_load_success: Gauge,
@@ -132,6 +134,7 @@ impl Metrics {
             config_reloads: Family::default(),
             deny_cache_hits: Counter::default(),
             store_up: Gauge::default(),
+            ready: Gauge::default(),
             config_load_time: Gauge::default(),
             config_load_success: Gauge::default(),
             config_source: Family::default(),
@@ -242,6 +245,11 @@ impl Metrics {
             "store_up",
             "1 while the store answers the health probe, else 0",
             self.store_up.clone(),
+        );
+        r.register(
+            "ready",
+            "1 while the server reports itself ready (gRPC health SERVING, /readyz 200), else 0",
+            self.ready.clone(),
         );
         r.register(
             "deny_cache_hits",

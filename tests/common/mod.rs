@@ -367,8 +367,23 @@ pub async fn get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Http
 
 /// A minimal HTTP/1.1 exchange (`Connection: close`): returns the status and the body.
 pub async fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(addr, method, path, body, &[]).await
+}
+
+/// `http` with extra request headers.
+pub async fn http_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
         body.len()
     );
     let response = exchange(addr, request).await;

@@ -26,7 +26,8 @@
 //!   the command line (`serve`, `check`, `query`,
 //!   `bench`, `health`, `reset`); `main.rs` wires it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown.
-//! - `admin` (`admin/json.rs`: the reference's `/json` form): the HTTP endpoints; `query`:
+//! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
+//!   change state): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/codec.rs`: pre-encoded
 //!   calls): the load generator.
 //! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags.

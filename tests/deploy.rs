@@ -46,7 +46,12 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 fn manifests() -> Vec<PathBuf> {
     yaml_files(Path::new("deploy/k8s"))
         .into_iter()
-        .filter(|path| path.file_name().is_some_and(|n| n != "kustomization.yaml"))
+        // A patch (`patch-*.yaml`) is part of a manifest, validated as rendered.
+        .filter(|path| {
+            path.file_name().is_some_and(|n| {
+                n != "kustomization.yaml" && !n.to_string_lossy().starts_with("patch-")
+            })
+        })
         .collect()
 }
 
@@ -69,10 +74,52 @@ fn run(command: &mut Command) -> std::process::Output {
 #[test]
 fn every_manifest_passes_kubernetes_validate() {
     let files = manifests();
-    assert_eq!(files.len(), 9, "{files:?}");
+    assert_eq!(files.len(), 15, "{files:?}");
     run(Command::new(tool("kubernetes-validate"))
         .args(["--kubernetes-version", KUBERNETES, "--strict", "--quiet"])
         .args(&files));
+}
+
+/// What `kubectl kustomize` renders for each kustomization passes kubernetes-validate too
+/// (the Prometheus Operator's kinds have no schema there: promtool checks their rules).
+#[test]
+fn every_kustomization_renders_and_what_it_renders_validates() {
+    let dir = tempfile::tempdir().unwrap();
+    let kustomizations = ["base", "overlays/try-it", "sidecar", "monitoring"];
+    for name in kustomizations {
+        let rendered = run(Command::new("kubectl")
+            .args(["kustomize"])
+            .arg(Path::new("deploy/k8s").join(name)));
+        let file = dir.path().join(format!("{}.yaml", name.replace('/', "-")));
+        std::fs::write(&file, &rendered.stdout).unwrap();
+        let text = String::from_utf8_lossy(&rendered.stdout).into_owned();
+        // The image comes from the one `images:` entry, never the placeholder.
+        for line in text
+            .lines()
+            .filter(|line| line.trim_start().starts_with("image:"))
+        {
+            assert!(
+                !line.trim_end().ends_with("image: tollgate"),
+                "{name}: {line}"
+            );
+        }
+        run(Command::new(tool("kubernetes-validate"))
+            .args(["--kubernetes-version", KUBERNETES, "--strict", "--quiet"])
+            .arg(&file));
+    }
+    let try_it = std::fs::read_to_string(dir.path().join("overlays-try-it.yaml")).unwrap();
+    assert!(
+        try_it.contains("value: redis://redis:6379"),
+        "the overlay's own Redis"
+    );
+    assert!(try_it.contains("kind: StatefulSet"));
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_alerts_promtool_checks() {
+    let rule = parse(Path::new("deploy/k8s/monitoring/prometheusrule.yaml"));
+    let alerts = parse(Path::new("deploy/prometheus/alerts.yaml"));
+    assert_eq!(rule["spec"]["groups"], alerts["groups"]);
 }
 
 #[test]
@@ -82,11 +129,19 @@ fn each_kustomization_lists_exactly_the_manifests_beside_it_one_kind_per_file() 
         .filter(|p| p.file_name().is_some_and(|n| n == "kustomization.yaml"))
     {
         let dir = kustomization.parent().unwrap();
-        let mut listed: Vec<String> = parse(&kustomization)["resources"]
+        let kustomization_yaml = parse(&kustomization);
+        // Other kustomizations (`../../base`) are not files beside it; patches are.
+        let patches = kustomization_yaml["patchesStrategicMerge"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let mut listed: Vec<String> = kustomization_yaml["resources"]
             .as_array()
             .unwrap()
             .iter()
+            .chain(&patches)
             .map(|r| r.as_str().unwrap().to_owned())
+            .filter(|r| !r.contains('/'))
             .collect();
         listed.sort();
         let mut present: Vec<String> = std::fs::read_dir(dir)
@@ -133,7 +188,7 @@ fn limits_in_the_configmaps_pass_tollgate_check() {
 
 #[test]
 fn the_service_configmap_carries_the_limits_the_envoy_tests_use() {
-    let configmap = parse(Path::new("deploy/k8s/configmap.yaml"));
+    let configmap = parse(Path::new("deploy/k8s/base/configmap.yaml"));
     let inside: Value =
         serde_saphyr::from_str(configmap["data"]["edge.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(inside, parse(Path::new("deploy/config/edge.yaml")));
@@ -165,7 +220,7 @@ fn the_dockerfile_passes_hadolint() {
 #[test]
 fn tollgate_containers_log_json_and_probe_readiness_over_plain_http() {
     for path in [
-        "deploy/k8s/deployment.yaml",
+        "deploy/k8s/base/deployment.yaml",
         "deploy/k8s/sidecar/deployment.yaml",
     ] {
         let manifest = parse(Path::new(path));

@@ -17,21 +17,8 @@ use common::redis_process::RedisServer;
 use common::*;
 use serde_json::Value;
 
-fn require(binary: &str) {
-    let found = Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        found,
-        "{binary} not found: these tests need Debian's prometheus package; run scripts/test, which installs it"
-    );
-}
-
 fn promtool(args: &[&str]) -> String {
-    require("promtool");
+    require("promtool", "prometheus");
     let output = Command::new("promtool").args(args).output().unwrap();
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
@@ -103,7 +90,7 @@ async fn shed_some(replica: &Replica) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate() {
-    require("prometheus");
+    require("prometheus", "prometheus");
     let mut redis = RedisServer::start();
     let config = config_dir(&[(
         "mon.yaml",

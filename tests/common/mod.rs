@@ -489,6 +489,20 @@ pub fn tollgate_bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tollgate"))
 }
 
+/// Fails the test, saying what to install, when `binary` (from Debian's `package`) does not run.
+pub fn require(binary: &str, package: &str) {
+    let found = Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        found,
+        "{binary} not found: this test needs Debian's {package} package; run scripts/test, which installs it"
+    );
+}
+
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::{free_port, require};
 
 /// One redis-server process.
 pub struct RedisServer {
@@ -18,19 +18,6 @@ pub struct RedisServer {
     /// More `redis-server` arguments (TLS).
     extra: Vec<String>,
     _tmp: std::sync::Arc<tempfile::TempDir>,
-}
-
-fn require(binary: &str) {
-    let found = Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        found,
-        "{binary} not found: the Redis tests need Debian's redis-server package; run scripts/test, which installs it"
-    );
 }
 
 /// A port free for a client and, for a cluster node, for its bus (port + 10000).
@@ -61,7 +48,7 @@ impl RedisServer {
         cluster: bool,
         extra: Vec<String>,
     ) -> Self {
-        require("redis-server");
+        require("redis-server", "redis-server");
         let dir = tmp.path().join(port.to_string());
         std::fs::create_dir_all(&dir).expect("node dir");
         let mut server = Self {
@@ -224,7 +211,7 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start(masters: usize, replicas: usize) -> Self {
-        require("redis-cli");
+        require("redis-cli", "redis-tools");
         let tmp = std::sync::Arc::new(tempfile::tempdir().expect("temp dir"));
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
@@ -387,7 +374,7 @@ pub const SENTINEL_MASTER: &str = "mymaster";
 
 impl RedisSentinels {
     pub fn start() -> Self {
-        require("redis-sentinel");
+        require("redis-sentinel", "redis-sentinel");
         let master = RedisServer::start();
         let replica = RedisServer::start();
         replica.query(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);

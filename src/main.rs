@@ -44,7 +44,14 @@ fn reference_error(error: &clap::Error, translation: &reference_env::Translation
         Some(variable) => eprintln!("Error: {variable} (as {flag}): {}", error.kind()),
         None => eprintln!("{error}"),
     }
-    if let Some(ContextValue::String(value)) = error.get(ContextKind::InvalidValue) {
+    // A refused value is shown unless it may hold a secret.
+    let secret = matches!(
+        flag.as_str(),
+        "--store" | "--store-per-second" | "--xds-header"
+    );
+    if let (Some(ContextValue::String(value)), false) =
+        (error.get(ContextKind::InvalidValue), secret)
+    {
         eprintln!("  value: {value:?}");
     }
     ExitCode::from(2)
@@ -56,7 +63,7 @@ async fn run(
 ) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&cli.log_level, cli.log_format, &cli.trace)?;
     if let Some(translation) = &translation {
-        tracing::info!(flags = %translation.args.join(" "), "read envoyproxy/ratelimit's environment");
+        tracing::info!(flags = %translation.shown(), "read envoyproxy/ratelimit's environment");
         for (variable, why) in &translation.ignored {
             tracing::warn!(variable = %variable, "ignored: {why}");
         }

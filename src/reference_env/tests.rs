@@ -467,3 +467,37 @@ fn the_migration_guide_lists_every_variable_as_the_code_does() {
         "docs/migrating.md's variable count"
     );
 }
+
+#[test]
+fn the_logged_flags_leave_out_passwords_and_header_values() {
+    let translation = translate(&env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis:6379"),
+        ("REDIS_AUTH", "app:hunter2"),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_URL", "/run/fast.sock"),
+        ("REDIS_PERSECOND_AUTH", "s3cret"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        (
+            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+            "authorization:Bearer t0ken",
+        ),
+    ]))
+    .unwrap();
+    let shown = translation.shown();
+    for secret in ["hunter2", "s3cret", "t0ken", "app:"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+    assert!(
+        shown.contains("--store redis://<redacted>@redis:6379"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("unix:///run/fast.sock?pass=<redacted>"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("--xds-header authorization=<redacted>"),
+        "{shown}"
+    );
+}

@@ -31,11 +31,59 @@ pub struct Translation {
 }
 
 impl Translation {
+    /// The arguments for a log line, without secrets: a URL's user information and password
+    /// parameters, and the values of xDS headers (tokens), are replaced by `<redacted>`.
+    pub fn shown(&self) -> String {
+        let mut shown = Vec::with_capacity(self.args.len());
+        let mut previous = "";
+        for arg in &self.args {
+            shown.push(match previous {
+                "--store" | "--store-per-second" | "--config-xds" => redact_url(arg),
+                "--xds-header" => match arg.split_once('=') {
+                    Some((name, _)) => format!("{name}=<redacted>"),
+                    None => "<redacted>".into(),
+                },
+                _ => arg.clone(),
+            });
+            previous = arg;
+        }
+        shown.join(" ")
+    }
+
     /// The variable a flag came from.
     pub fn source_of(&self, flag: &str) -> Option<&str> {
         self.sources
             .iter()
             .find(|(from, _)| from == flag)
             .map(|(_, variable)| variable.as_str())
+    }
+}
+
+/// `url` with its user information and any password parameter replaced by `<redacted>`.
+fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("<redacted>{}", &rest[at..]),
+        None => rest.to_owned(),
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.contains("pass") => format!("{key}=<redacted>"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    let scheme = if scheme.is_empty() {
+        String::new()
+    } else {
+        format!("{scheme}://")
+    };
+    if query.is_empty() {
+        format!("{scheme}{rest}")
+    } else {
+        format!("{scheme}{rest}?{}", query.join("&"))
     }
 }

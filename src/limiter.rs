@@ -131,9 +131,8 @@ impl RateLimiter {
         for (index, (descriptor, found)) in request.descriptors.iter().zip(&matches).enumerate() {
             self.resolve(request, index, descriptor, found, &replaced, &mut hits);
         }
-        let keys: Vec<keys::CounterKey> = hits.into_iter().map(|hit| hit.key).collect();
-        self.store.forget(&keys).await?;
-        Ok(keys.len())
+        self.store.forget(&hits).await?;
+        Ok(hits.len())
     }
 
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {

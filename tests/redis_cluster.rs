@@ -260,21 +260,21 @@ async fn ten_descriptors_cost_one_script_call_per_node_all_in_flight_at_once() {
         nodes.len() < slots.len(),
         "some node serves two of the slots"
     );
-    let before = cluster.calls("evalsha");
+    let before = cluster.script_calls();
     let response = server.ok(wide_request(&entries)).await;
     assert!(response.statuses.iter().all(|s| s.limit_remaining == 99));
-    assert_eq!(cluster.calls("evalsha") - before, nodes.len() as u64);
+    assert_eq!(cluster.script_calls() - before, nodes.len() as u64);
     drop(server);
 
     let server = start_on(StoreKind::Redis, &[("wide.yaml", WIDE)]).await;
     let Backing::Redis(redis) = &server.backing else {
         panic!("a redis test");
     };
-    let before = redis.calls("evalsha");
+    let before = redis.script_calls();
     let response = server.ok(wide_request(&entries)).await;
     assert!(response.statuses.iter().all(|s| s.limit_remaining == 99));
     assert_eq!(
-        redis.calls("evalsha") - before,
+        redis.script_calls() - before,
         1,
         "one call for the whole request"
     );
@@ -358,10 +358,10 @@ async fn a_call_across_the_slots_of_one_node_vetoes_itself_or_is_refunded() {
         assert!(store.apply(&pair[1..]).await.unwrap()[0].allowed);
     }
 
-    let before = cluster.calls("evalsha") + cluster.calls("eval");
+    let before = cluster.script_calls();
     let outcomes = store.apply(&pair).await.unwrap();
     assert_eq!(
-        cluster.calls("evalsha") + cluster.calls("eval") - before,
+        cluster.script_calls() - before,
         1,
         "one call for both slots"
     );
@@ -447,7 +447,7 @@ async fn a_resharded_slot_costs_a_retry_and_never_a_count() {
             .collect();
         ports.len() as u64
     };
-    let calls = || cluster.calls("evalsha") + cluster.calls("eval");
+    let calls = || cluster.script_calls();
 
     let before = calls();
     let first = store.apply(&hits).await.unwrap();

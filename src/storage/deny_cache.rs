@@ -213,9 +213,10 @@ impl CounterStore for DenyCached {
     }
 
     /// Forgets the cached denials first: this replica answers from the store at once.
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
-        self.cache.forget(keys);
-        self.inner.forget(keys).await
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        let keys: Vec<CounterKey> = hits.iter().map(|hit| hit.key.clone()).collect();
+        self.cache.forget(&keys);
+        self.inner.forget(hits).await
     }
 }
 

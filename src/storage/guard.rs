@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::keys::CounterKey;
 use super::{CounterStore, Hit, StoreError};
 use crate::algorithm::Outcome;
 
@@ -112,8 +111,8 @@ impl CounterStore for Guarded {
     }
 
     /// An operator's reset bypasses the breaker too, and is not timed as a decision.
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
-        self.within_deadline(self.inner.forget(keys)).await
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        self.within_deadline(self.inner.forget(hits)).await
     }
 }
 

@@ -412,9 +412,9 @@ impl CounterStore for MemoryStore {
         Ok(())
     }
 
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
-        for key in keys {
-            let digest = self.digest(key);
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        for hit in hits {
+            let digest = self.digest(&hit.key);
             let mut shard = lock(&self.shards[Self::shard_of(digest)]);
             if shard.counters.swap_remove(&digest).is_some() {
                 self.keys_metric.dec();

@@ -107,8 +107,8 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Forgets these counters (an operator's reset, `POST /reset`): they start afresh. Not on
     /// the request path; a store that cannot do it says so.
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
-        let _ = keys;
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        let _ = hits;
         Err(StoreError::Refused(
             "this store cannot reset counters".into(),
         ))

@@ -175,6 +175,14 @@ impl RedisServer {
             .expect("INFO clients")
     }
 
+    /// Calls of tollgate's counter code so far: by function or by script.
+    pub fn script_calls(&self) -> u64 {
+        ["fcall", "evalsha", "eval"]
+            .iter()
+            .map(|command| self.calls(command))
+            .sum()
+    }
+
     /// Calls of a command so far, from INFO commandstats (`evalsha`, `eval`, `get`…).
     pub fn calls(&self, command: &str) -> u64 {
         let info = self.query(&["INFO", "commandstats"]);
@@ -338,6 +346,14 @@ impl RedisCluster {
         for master in self.masters() {
             master.query(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
         }
+    }
+
+    /// Calls of tollgate's counter code over every running node: by function or by script.
+    pub fn script_calls(&self) -> u64 {
+        ["fcall", "evalsha", "eval"]
+            .iter()
+            .map(|command| self.calls(command))
+            .sum()
     }
 
     /// Sum of a command's calls over every running node.

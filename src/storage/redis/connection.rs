@@ -9,7 +9,9 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script};
 
-use super::script::{Call, Reply, SCRIPT, parse_reply};
+use super::library::{self, SCRIPT};
+
+use super::script::{Call, Reply, parse_reply};
 use super::sentinel::SentinelLink;
 use super::url::RedisSpec;
 use crate::storage::StoreError;
@@ -37,7 +39,7 @@ impl Connection {
     pub async fn call(&self, call: &Call<'_>) -> Result<Reply, StoreError> {
         let values = match self.link.clone() {
             Link::Single(mut connection) => call.invoke(&mut connection).await,
-            Link::Cluster(mut connection) => call.invoke(&mut connection).await,
+            Link::Cluster(mut connection) => call.invoke_on_cluster(&mut connection).await,
             Link::Sentinel(link) => call.invoke(&mut link.connection()).await,
         };
         let values = values.map_err(|error| self.store_error(error))?;
@@ -49,10 +51,10 @@ impl Connection {
     /// script reads every counter before writing any, so such a call changed nothing and can
     /// be sent again one slot at a time.
     pub async fn call_on_node(&self, call: &Call<'_>) -> Result<Option<Reply>, StoreError> {
-        let (Link::Cluster(mut connection), Some(node)) = (self.link.clone(), call.node) else {
+        let (Link::Cluster(mut connection), Some(_)) = (self.link.clone(), call.node) else {
             return self.call(call).await.map(Some);
         };
-        match call.invoke_on(&mut connection, node).await {
+        match call.invoke_on_cluster(&mut connection).await {
             Ok(values) => parse_reply(&values, call.hits.len()).map(Some),
             Err(error) if is_off_node(&error) => Ok(None),
             Err(error) => Err(self.store_error(error)),
@@ -83,6 +85,16 @@ impl Connection {
             Link::Sentinel(link) => script.load_async(&mut link.connection()).await,
         };
         answer.map(drop).map_err(|error| self.store_error(error))
+    }
+
+    /// FUNCTION LOAD of the library (on every primary of a cluster).
+    async fn load_library(&self) -> Result<(), RedisError> {
+        let command = library::load_command();
+        match self.link.clone() {
+            Link::Single(mut connection) => command.query_async(&mut connection).await,
+            Link::Cluster(mut connection) => command.query_async(&mut connection).await,
+            Link::Sentinel(link) => command.query_async(&mut link.connection()).await,
+        }
     }
 
     /// What a failed Redis call means for the store's callers. Behind sentinels, any failure
@@ -132,12 +144,22 @@ pub async fn connect_all(
     Ok(connections.into_boxed_slice())
 }
 
-/// Connects and loads the counter script.
+/// Connects and loads the counter code: the function library, or where functions cannot
+/// run, the script.
 pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, StoreError> {
     let link = open(spec, timeout)
         .await
         .map_err(|error| store_error(error, timeout))?;
     let connection = Connection { link, timeout };
+    if library::functions_usable() {
+        match connection.load_library().await {
+            Err(error) if library::gives_up_functions(&error) => {}
+            Err(error) if !library::is_loaded_already(&error) => {
+                return Err(connection.store_error(error));
+            }
+            _ => return Ok(connection),
+        }
+    }
     connection.load(&SCRIPT).await?;
     Ok(connection)
 }

@@ -15,9 +15,12 @@
 //!
 //! Files: `url.rs` (where Redis is), `connection.rs` (a single server or a cluster behind one
 //! type, and the error classification), `slots.rs` (the slot map and the grouping),
-//! `script.rs` with `lua/` (the counter script).
+//! `library.rs` with `lua/` (the counter code on the server), `script.rs` (a call to it),
+//! `counter.rs` (fixed windows as one integer per window).
 
 mod connection;
+mod counter;
+pub mod library;
 pub mod per_second;
 pub mod refund;
 pub mod script;
@@ -36,8 +39,7 @@ use slots::{Group, Topology, plan, split_by_slot};
 pub use url::{RedisCertificates, RedisSpec, SpecError};
 
 use crate::algorithm::{Charge, Outcome};
-use crate::clock::Micros;
-use crate::storage::keys::CounterKey;
+use crate::clock::{Clock, Micros, SystemClock};
 use crate::storage::{CounterStore, Hit, StoreError, StoreOptions, vetoed};
 
 pub struct RedisStore {
@@ -365,7 +367,7 @@ fn refusal_hint(error: &StoreError) -> &'static str {
     {
         "check the user and password (in the --store URL, or --redis-password-file)"
     } else if text.contains("NOPERM") {
-        "the Redis user lacks a permission tollgate needs (EVALSHA, EVAL, SCRIPT, GET, SET, TIME)"
+        "the Redis user lacks a permission tollgate needs (FUNCTION, FCALL, or EVALSHA, EVAL and SCRIPT; GET, SET, TIME)"
     } else {
         "see the error; tollgate keeps retrying"
     }
@@ -381,11 +383,16 @@ impl CounterStore for RedisStore {
         self.connection()?.ping().await
     }
 
-    /// One DEL per counter, all at once: on a cluster each is routed by its key.
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
+    /// One DEL per counter, all at once: on a cluster each is routed by its key. A counter
+    /// of one integer per window (`counter.rs`) is forgotten for the current window.
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.connection()?;
-        let deletes = keys.iter().map(|key| {
-            let key = [self.options.key_prefix.as_str(), key.as_str()].concat();
+        let now = self.explicit_now().unwrap_or_else(|| SystemClock.now());
+        let deletes = hits.iter().map(|hit| {
+            let mut key = [self.options.key_prefix.as_str(), hit.key.as_str()].concat();
+            if counter::is_counter(&hit.params) {
+                key = format!("{key}:{}", counter::window_number(&hit.params, now));
+            }
             let command = redis::cmd("DEL").arg(key).to_owned();
             async move { connection.query::<i64>(&command).await }
         });

@@ -14,7 +14,6 @@ use super::RedisStore;
 use super::refund::Part;
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::MICROS_PER_SECOND;
-use crate::storage::keys::CounterKey;
 use crate::storage::{CounterStore, Hit, StoreError, vetoed};
 
 pub struct PerSecondSplit {
@@ -99,8 +98,8 @@ impl CounterStore for PerSecondSplit {
     }
 
     /// A key lives in one of the two stores; deleting it from both is simplest.
-    async fn forget(&self, keys: &[CounterKey]) -> Result<(), StoreError> {
-        self.main.forget(keys).await?;
-        self.per_second.forget(keys).await
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        self.main.forget(hits).await?;
+        self.per_second.forget(hits).await
     }
 }

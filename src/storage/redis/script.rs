@@ -1,43 +1,18 @@
-//! The counter script: the Lua ports of the algorithms (`lua/`, one file per algorithm, each
-//! with the `decide` and `give_back` of its Rust twin in src/algorithm/) joined into one
-//! script, and the encoding of a call to it. The calling convention is documented in
-//! lua/apply.lua.
-
-use std::sync::LazyLock;
+//! A call to the counter code (`library.rs`): its encoding, and how it reaches the server
+//! (FCALL, or by script where functions cannot run). A call whose every hit is a counter
+//! (`counter.rs`) goes to lua/counter.lua's entry point, any other to lua/apply.lua's; each
+//! documents its calling convention. Both answer in apply.lua's form (`parse_reply`).
 
 use redis::aio::ConnectionLike;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, Script, ServerErrorKind};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, RedisError, RedisResult, Value};
 
+use super::counter::{self, is_counter};
+use super::library::{self, Entry};
 use crate::algorithm::{Charge, Outcome, Refund};
-use crate::clock::Micros;
+use crate::clock::{Clock, Micros, SystemClock};
 use crate::storage::{Hit, Role, StoreError};
-
-/// The parts, in the order the script needs them: helpers, one file per algorithm (each
-/// registers itself by its key tag), the entry point.
-const SOURCE: [&str; 7] = [
-    include_str!("lua/prelude.lua"),
-    include_str!("lua/fixed_window.lua"),
-    include_str!("lua/sliding_window.lua"),
-    include_str!("lua/sliding_log.lua"),
-    include_str!("lua/token_bucket.lua"),
-    include_str!("lua/gcra.lua"),
-    include_str!("lua/apply.lua"),
-];
-
-static SOURCE_TEXT: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
-
-/// The script, with its SHA1 computed once.
-pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&SOURCE_TEXT));
-
-/// The text of `CROSS_SLOT_SCRIPT`.
-static CROSS_SLOT_TEXT: LazyLock<String> =
-    LazyLock::new(|| format!("#!lua flags=allow-cross-slot-keys\n{}", *SOURCE_TEXT));
-
-/// The same script declared `allow-cross-slot-keys` (Redis 7+; older versions cannot even
-/// compile it): on a cluster it may touch the counters of every slot its node serves.
-pub static CROSS_SLOT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&CROSS_SLOT_TEXT));
 
 /// Whether a call decides hits or gives back hits a vetoed request consumed elsewhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +35,9 @@ pub struct Call<'a> {
     /// no ASKING that would make a migrating slot's missing counters look local): a counter
     /// not on the node fails the script's read of it, before any write.
     pub node: Option<(&'a str, u16)>,
-    /// Explicit time for tests; `None` uses Redis `TIME`.
+    /// The instant to decide at, explicit (tests, a store's injected clock: Redis then keeps
+    /// the counters an hour past their windows, since it expires keys by its own clock);
+    /// `None`: this machine's clock, read once per call.
     pub now: Option<Micros>,
     pub charge: Charge,
     pub complete: bool,
@@ -73,7 +50,7 @@ pub struct Call<'a> {
 /// What a call answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
-    /// The instant the script decided at (Redis time unless explicit).
+    /// The instant the call decided at.
     pub now: Micros,
     /// Whether the hits were consumed (not vetoed within the call).
     pub committed: bool,
@@ -83,104 +60,221 @@ pub struct Reply {
 }
 
 impl Call<'_> {
-    /// Sends the call: EVALSHA, and on NOSCRIPT (a restarted node, a promoted replica, SCRIPT
-    /// FLUSH) EVAL with the whole script, which also caches it on that node. Not redis-rs's
-    /// ScriptInvocation: its NOSCRIPT recovery sends SCRIPT LOAD to every node of a cluster
-    /// and fails while any node is down, which is exactly when a failover needs it.
+    /// Sends the call on a single server's connection (or on a cluster, routed by redis-rs by
+    /// its first key).
     pub async fn invoke(&self, connection: &mut impl ConnectionLike) -> RedisResult<Vec<i64>> {
-        let (script, text) = self.script();
-        match self
-            .command("EVALSHA", script.get_hash())
-            .query_async(connection)
-            .await
-        {
-            Err(error) if is_no_script(&error) => {
-                self.command("EVAL", text).query_async(connection).await
-            }
-            result => result,
-        }
+        self.run(&mut Plain(connection)).await
     }
 
-    /// `invoke` on the cluster node at `host:port` (a cross-slot call has no key to route by).
-    pub async fn invoke_on(
+    /// Sends the call to the cluster node that serves its first key, or, for a cross-slot call
+    /// (`node`), to the node at that address; a missing library is loaded on that node only.
+    pub async fn invoke_on_cluster(
         &self,
         connection: &mut ClusterConnection,
-        (host, port): (&str, u16),
     ) -> RedisResult<Vec<i64>> {
-        let node = || {
-            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        let routing = match self.node {
+            Some((host, port)) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                 host: host.to_owned(),
                 port,
-            })
+            }),
+            None => RoutingInfo::SingleNode(match self.hits.first() {
+                // The prefix holds no `{`, so the slot is the key's.
+                Some(hit) => SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    hit.key.as_str(),
+                    SlotAddr::Master,
+                )),
+                None => SingleNodeRoutingInfo::Random,
+            }),
         };
-        let (script, text) = self.script();
-        let reply = match connection
-            .route_command(self.command("EVALSHA", script.get_hash()), node())
-            .await
-        {
-            Err(error) if is_no_script(&error) => {
-                connection
-                    .route_command(self.command("EVAL", text), node())
-                    .await
-            }
-            result => result,
-        }?;
-        Ok(redis::from_redis_value(reply)?)
+        self.run(&mut Routed {
+            connection,
+            routing,
+        })
+        .await
     }
 
-    fn script(&self) -> (&'static Script, &'static str) {
-        if self.node.is_some() {
-            (&CROSS_SLOT_SCRIPT, CROSS_SLOT_TEXT.as_str())
-        } else {
-            (&SCRIPT, SOURCE_TEXT.as_str())
+    /// FCALL; a server without the library gets it (FUNCTION LOAD) and the call again. Where
+    /// functions cannot run, or the library cannot be loaded right now (a cluster node down),
+    /// the call goes by script. Answers in apply.lua's form.
+    async fn run(&self, to: &mut impl Target) -> RedisResult<Vec<i64>> {
+        let instant = self.instant();
+        let entry = self.entry();
+        let cross_slot = self.node.is_some();
+        let raw = 'raw: {
+            if library::functions_usable() {
+                let call = || self.command("FCALL", library::function(entry, cross_slot), instant);
+                match to.send(call()).await {
+                    Err(error) if library::is_missing(&error) => {
+                        if self.load_library(to).await {
+                            break 'raw to.send(call()).await?;
+                        }
+                    }
+                    Err(error) if library::gives_up_functions(&error) => {}
+                    result => break 'raw result?,
+                }
+            }
+            self.run_script(to, entry, cross_slot, instant).await?
+        };
+        // The count entry answers one hit alone with one integer.
+        let values = match raw {
+            Value::Int(packed) => vec![packed],
+            raw => decode(raw)?,
+        };
+        match entry {
+            Entry::Apply => Ok(values),
+            Entry::Count => counter::general_reply(
+                self.hits,
+                &values,
+                instant,
+                matches!(self.mode, Mode::Refund { .. }),
+                self.charge,
+            )
+            .map_err(|error| {
+                RedisError::from((redis::ErrorKind::Parse, "counter reply", error.to_string()))
+            }),
         }
     }
 
-    /// `EVALSHA sha numkeys key… arg…` or `EVAL script numkeys key… arg…`; redis-rs routes it on
-    /// a cluster by its first key.
-    fn command(&self, name: &str, script: &str) -> Cmd {
-        // Sized for the whole call up front (8 arguments, then 11 per hit, keys of about 70
+    /// Loads the library where `to` leads; whether calls can now go by FCALL.
+    async fn load_library(&self, to: &mut impl Target) -> bool {
+        match to.send(library::load_command()).await {
+            Ok(_) => true,
+            Err(error) if library::is_loaded_already(&error) => true,
+            Err(error) if library::gives_up_functions(&error) => false,
+            Err(error) => {
+                tracing::warn!(%error, "loading tollgate's functions failed; this call goes by script");
+                false
+            }
+        }
+    }
+
+    /// EVALSHA, and on NOSCRIPT (a restarted node, a promoted replica, SCRIPT FLUSH) EVAL
+    /// with the whole script, which also caches it on that node. Not redis-rs's
+    /// ScriptInvocation: its NOSCRIPT recovery sends SCRIPT LOAD to every node of a cluster
+    /// and fails while any node is down, which is exactly when a failover needs it.
+    async fn run_script(
+        &self,
+        to: &mut impl Target,
+        entry: Entry,
+        cross_slot: bool,
+        instant: Micros,
+    ) -> RedisResult<Value> {
+        let (script, text) = library::script(entry, cross_slot);
+        match to
+            .send(self.command("EVALSHA", script.get_hash(), instant))
+            .await
+        {
+            Err(error) if library::is_no_script(&error) => {
+                to.send(self.command("EVAL", text, instant)).await
+            }
+            result => result,
+        }
+    }
+
+    /// The instant the call decides at: a refund's is its apply call's, so that a counter's
+    /// window is the one that call counted in.
+    fn instant(&self) -> Micros {
+        match self.mode {
+            Mode::Refund { at } => at,
+            Mode::Apply => self.now.unwrap_or_else(|| SystemClock.now()),
+        }
+    }
+
+    /// How long past their windows Redis keeps the counters: an explicit clock does not run
+    /// with Redis's, which expires them.
+    fn slack_ms(&self) -> u64 {
+        if self.now.is_some() { 3_600_000 } else { 0 }
+    }
+
+    fn entry(&self) -> Entry {
+        if !self.hits.is_empty() && self.hits.iter().all(|hit| is_counter(&hit.params)) {
+            Entry::Count
+        } else {
+            Entry::Apply
+        }
+    }
+
+    /// `verb target numkeys key… arg…`, where `verb target` is `FCALL function`, `EVALSHA sha`
+    /// or `EVAL script`; redis-rs routes it on a cluster by its first key.
+    fn command(&self, verb: &str, target: &str, instant: Micros) -> Cmd {
+        // Sized for the whole call up front (8 arguments, then 11 per hit, keys of about 90
         // bytes), so building it does not reallocate as arguments are added.
         let hits = self.hits.len();
-        let mut command = Cmd::with_capacity(8 + 11 * hits, 96 + 160 * hits);
-        command.arg(name).arg(script);
+        let mut command = Cmd::with_capacity(8 + 11 * hits, 96 + 180 * hits);
+        command.arg(verb).arg(target);
         if self.node.is_some() {
             command.arg(0);
         } else {
             command.arg(hits);
             for hit in self.hits {
-                self.key_arg(&mut command, hit);
+                self.key_arg(&mut command, hit, instant);
             }
         }
-        let (mode, now) = match self.mode {
-            Mode::Apply => ("apply", self.now.map(|now| now.to_string())),
-            Mode::Refund { at } => ("refund", Some(at.to_string())),
-        };
+        match self.entry() {
+            Entry::Count => self.count_args(&mut command, instant),
+            Entry::Apply => self.apply_args(&mut command, instant),
+        }
+        if self.node.is_some() {
+            for hit in self.hits {
+                self.key_arg(&mut command, hit, instant);
+            }
+        }
         command
-            .arg(mode)
-            .arg(now.unwrap_or_default())
-            .arg(if self.charge == Charge::Always {
-                "1"
-            } else {
-                "0"
-            })
-            .arg(if self.complete { "1" } else { "0" })
-            .arg(hits);
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.mode {
+            Mode::Apply => "apply",
+            Mode::Refund { .. } => "refund",
+        }
+    }
+
+    fn flag(on: bool) -> &'static str {
+        if on { "1" } else { "0" }
+    }
+
+    /// lua/counter.lua's arguments.
+    fn count_args(&self, command: &mut Cmd, instant: Micros) {
+        command
+            .arg(self.mode_name())
+            .arg(Self::flag(self.charge == Charge::Always))
+            .arg(Self::flag(self.complete))
+            .arg(self.hits.len());
+        for hit in self.hits {
+            command
+                .arg(hit.params.requests)
+                .arg(hit.hits)
+                .arg(counter::ttl_ms(&hit.params, instant, self.slack_ms()))
+                .arg(role_tag(hit.role))
+                .arg(hit.descriptor);
+        }
+    }
+
+    /// lua/apply.lua's arguments.
+    fn apply_args(&self, command: &mut Cmd, instant: Micros) {
+        command
+            .arg(self.mode_name())
+            .arg(instant)
+            .arg(Self::flag(self.charge == Charge::Always))
+            .arg(Self::flag(self.complete))
+            .arg(self.hits.len())
+            .arg(self.slack_ms());
         for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
             let tick = params.tick().unwrap_or(1_000_000);
+            let tag = if is_counter(params) {
+                "fixed_count"
+            } else {
+                params.algorithm.key_tag()
+            };
             command
-                .arg(params.algorithm.key_tag())
+                .arg(tag)
                 .arg(params.requests)
                 .arg(params.window)
                 .arg(tick)
                 .arg(params.algorithm.parameter_in_ticks(tick))
                 .arg(hit.hits)
-                .arg(match hit.role {
-                    Role::Enforced => "e",
-                    Role::Quota => "q",
-                    Role::Shadow => "s",
-                })
+                .arg(role_tag(hit.role))
                 .arg(hit.descriptor);
             // A refund of an `IfUnchanged` counter names the state it requires.
             let condition = match (self.mode, params.algorithm.refund()) {
@@ -192,25 +286,59 @@ impl Call<'_> {
                 None => command.arg("").arg(""),
             };
         }
-        if self.node.is_some() {
-            for hit in self.hits {
-                self.key_arg(&mut command, hit);
-            }
-        }
-        command
     }
 
-    fn key_arg(&self, command: &mut Cmd, hit: &Hit) {
-        if self.prefix.is_empty() {
-            command.arg(hit.key.as_str());
-        } else {
-            command.arg([self.prefix, hit.key.as_str()].concat());
-        }
+    /// A hit's key: the prefix, the counter's key, and for a counter the number of the window
+    /// `instant` falls in.
+    fn key_arg(&self, command: &mut Cmd, hit: &Hit, instant: Micros) {
+        let key = hit.key.as_str();
+        match (self.prefix.is_empty(), is_counter(&hit.params)) {
+            (true, false) => command.arg(key),
+            (false, false) => command.arg([self.prefix, key].concat()),
+            (_, true) => {
+                let window = counter::window_number(&hit.params, instant);
+                command.arg(format!("{}{key}:{window}", self.prefix))
+            }
+        };
     }
 }
 
-fn is_no_script(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+fn role_tag(role: Role) -> &'static str {
+    match role {
+        Role::Enforced => "e",
+        Role::Quota => "q",
+        Role::Shadow => "s",
+    }
+}
+
+fn decode(reply: Value) -> RedisResult<Vec<i64>> {
+    redis::from_redis_value(reply).map_err(RedisError::from)
+}
+
+/// Where a call's commands go: one connection, or one node of a cluster.
+trait Target {
+    async fn send(&mut self, command: Cmd) -> RedisResult<Value>;
+}
+
+struct Plain<'a, C>(&'a mut C);
+
+impl<C: ConnectionLike> Target for Plain<'_, C> {
+    async fn send(&mut self, command: Cmd) -> RedisResult<Value> {
+        command.query_async(self.0).await
+    }
+}
+
+struct Routed<'a> {
+    connection: &'a mut ClusterConnection,
+    routing: RoutingInfo,
+}
+
+impl Target for Routed<'_> {
+    async fn send(&mut self, command: Cmd) -> RedisResult<Value> {
+        self.connection
+            .route_command(command, self.routing.clone())
+            .await
+    }
 }
 
 /// Numbers per hit in a reply.

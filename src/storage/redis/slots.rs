@@ -16,7 +16,7 @@ use arc_swap::ArcSwapOption;
 use redis::Value;
 
 use super::connection::Connection;
-use super::script::CROSS_SLOT_SCRIPT;
+use super::library::CROSS_SLOT_SCRIPT;
 use crate::storage::{Hit, StoreError};
 
 /// Slots in a Redis Cluster.

@@ -1,4 +1,5 @@
--- The entry point. Decides every hit of one request (or, on a cluster, of the hits of one
+-- The entry point, apply(KEYS, ARGV): the body of the script (EVAL) and of the library's
+-- functions (FCALL), which differ only in how they are called. Decides every hit of one request (or, on a cluster, of the hits of one
 -- request that live on one node) atomically, as src/storage/memory.rs does in-process.
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
@@ -6,14 +7,16 @@
 --           variant, Redis 7+, sent to the node by address).
 -- ARGV[1]   "apply", or "refund": give back hits a committed call consumed, because another
 --           group of the same request vetoed it.
--- ARGV[2]   now in µs; "" to take it from Redis TIME (tests pass explicit instants). For
---           "refund", the `now` the committed call returned.
+-- ARGV[2]   the instant to decide at, in µs (tollgate's clock). For "refund", the instant of
+--           the apply call.
 -- ARGV[3]   "1" with --count-denied (denied hits consume too), else "0".
 -- ARGV[4]   "1" when these are all the hits of the request, so the whole veto rule applies
 --           here; "0" when other calls hold the rest (only an enforced denial vetoes here,
 --           the caller refunds when the whole request turns out vetoed).
 -- ARGV[5]   n, the number of hits.
--- ARGV[6..] 10 per hit: algorithm (its key tag, a key of ALGORITHMS), requests, window µs,
+-- ARGV[6]   ms to keep counters past the time their limit is fully available again: 0, or
+--           an hour with an explicit clock, which does not run with Redis's.
+-- ARGV[7..] 10 per hit: algorithm (its key tag, a key of ALGORITHMS), requests, window µs,
 --           tick µs, parameter (Algorithm::parameter_in_ticks), hits, role (e enforced|q
 --           quota|s shadow), descriptor index (a descriptor's hits are adjacent), and for
 --           "refund" of an algorithm that refunds only an unchanged counter
@@ -24,249 +27,242 @@
 --           the room found),
 --           reset_after µs, retry_after µs, and the first two numbers of the counter's state
 --           after the call (-1 when it has none), which a refund checks.
--- State     one string per counter, its numbers separated by spaces; expires once the limit
---           is fully available again (PX), an hour later with an explicit clock, which does
---           not run with Redis's.
+-- State     one string per counter, its numbers separated by spaces (a fixed window aligned on
+--           the epoch: one integer per window, see counter.lua); expires once the limit is
+--           fully available again (PX), plus ARGV[6].
 -- Writes    only after every counter is read: a cross-slot call that finds a counter not on
 --           its node fails on the read of that counter (Redis refuses the access), having
 --           changed nothing, so the caller can send its hits again one slot at a time.
 
-local mode = ARGV[1]
-local explicit_clock = ARGV[2] ~= ''
-local now
-if explicit_clock then
-  now = tonumber(ARGV[2])
-else
-  local time = redis.call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-end
-local charge = ARGV[3] == '1'
-local complete = ARGV[4] == '1'
+local function apply(KEYS, ARGV)
+  local mode = ARGV[1]
+  local now = tonumber(ARGV[2])
+  local slack = tonumber(ARGV[6])
+  local charge = ARGV[3] == '1'
+  local complete = ARGV[4] == '1'
 
-local count = tonumber(ARGV[5])
-local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 5 + 11 * count
-if count == nil or not (keys_in_argv or (#KEYS == count and #ARGV == 5 + 10 * count)) then
-  return redis.error_reply('ERR tollgate: malformed call')
-end
+  local count = tonumber(ARGV[5])
+  local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 6 + 11 * count
+  if now == nil or slack == nil or count == nil
+    or not (keys_in_argv or (#KEYS == count and #ARGV == 6 + 10 * count)) then
+    return redis.error_reply('ERR tollgate: malformed call')
+  end
 
--- The hits, one array per field (cheaper in Lua than a table per hit).
-local keys, algorithms, requests, windows, ticks, parameters, amounts = {}, {}, {}, {}, {}, {}, {}
-local key_base = 0
-if keys_in_argv then
-  key_base = 5 + 10 * count
-end
-for i = 1, count do
-  local base = 5 + (i - 1) * 10
+  -- The hits, one array per field (cheaper in Lua than a table per hit).
+  local keys, algorithms, requests, windows, ticks, parameters, amounts = {}, {}, {}, {}, {}, {}, {}
+  local key_base = 0
   if keys_in_argv then
-    keys[i] = ARGV[key_base + i]
-  else
-    keys[i] = KEYS[i]
+    key_base = 6 + 10 * count
   end
-  algorithms[i] = ALGORITHMS[ARGV[base + 1]]
-  if algorithms[i] == nil then
-    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[base + 1]) .. ' in hit ' .. i)
-  end
-  requests[i] = tonumber(ARGV[base + 2])
-  windows[i] = tonumber(ARGV[base + 3])
-  ticks[i] = tonumber(ARGV[base + 4])
-  parameters[i] = tonumber(ARGV[base + 5])
-  amounts[i] = tonumber(ARGV[base + 6])
-  if requests[i] == nil or windows[i] == nil or ticks[i] == nil
-    or ticks[i] < 1 or parameters[i] == nil or amounts[i] == nil or ARGV[base + 8] == nil then
-    return redis.error_reply('ERR tollgate: malformed hit ' .. i)
-  end
-end
-
--- A state is its numbers separated by spaces; FORMATS[n] writes the usual short ones in one
--- call (a sliding log's can hold thousands: more than one call can take).
-local FORMATS = { '%d', '%d %d', '%d %d %d' }
-
-local function read_state(key)
-  local raw = redis.call('GET', key)
-  if not raw then
-    return false
-  end
-  local a, b, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
-  if a and rest == '' then
-    return { tonumber(a), tonumber(b) }
-  end
-  local state = {}
-  for number in string.gmatch(raw, '%d+') do
-    state[#state + 1] = tonumber(number)
-  end
-  return state
-end
-
-local function encode(state)
-  local format = FORMATS[#state]
-  if format then
-    return string.format(format, unpack(state))
-  end
-  local parts = {}
-  for i, number in ipairs(state) do
-    parts[i] = string.format('%d', number)
-  end
-  return table.concat(parts, ' ')
-end
-
-local function ttl_ms(reset_after)
-  local ms = math.max(div_ceil(reset_after, 1000), 1)
-  if explicit_clock then
-    ms = ms + 3600000
-  end
-  return ms
-end
-
--- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
--- retry_after µs (as algorithm::decide: a denied call's remaining is the room it found,
--- what a check finds now).
-local function decide_hit(i, state, at, hits)
-  local tick = ticks[i]
-  local window = math.max(idiv(windows[i], tick), 1)
-  local algorithm = algorithms[i]
-  local now_ticks = idiv(at, tick)
-  local new_state, allowed, remaining, reset_after, retry_after =
-    algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], hits, charge)
-  if not allowed and hits > 0 then
-    local _, _, room = algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], 0, charge)
-    remaining = room
-  end
-  return new_state, allowed, remaining, reset_after * tick, retry_after * tick
-end
-
--- The reply: 2 + 6 per hit; `out` holds the decisions, `state_of(key)` the counter's state
--- after the call (false: none).
-local out = { now, 0 }
-local function record(i, allowed, remaining, reset_after, retry_after)
-  local base = 2 + (i - 1) * 6
-  if allowed then
-    out[base + 1] = 1
-  else
-    out[base + 1] = 0
-  end
-  out[base + 2] = remaining
-  out[base + 3] = reset_after
-  out[base + 4] = retry_after
-end
-local function finish(final)
   for i = 1, count do
-    local state = final[keys[i]]
+    local base = 6 + (i - 1) * 10
+    if keys_in_argv then
+      keys[i] = ARGV[key_base + i]
+    else
+      keys[i] = KEYS[i]
+    end
+    algorithms[i] = ALGORITHMS[ARGV[base + 1]]
+    if algorithms[i] == nil then
+      return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[base + 1]) .. ' in hit ' .. i)
+    end
+    requests[i] = tonumber(ARGV[base + 2])
+    windows[i] = tonumber(ARGV[base + 3])
+    ticks[i] = tonumber(ARGV[base + 4])
+    parameters[i] = tonumber(ARGV[base + 5])
+    amounts[i] = tonumber(ARGV[base + 6])
+    if requests[i] == nil or windows[i] == nil or ticks[i] == nil
+      or ticks[i] < 1 or parameters[i] == nil or amounts[i] == nil or ARGV[base + 8] == nil then
+      return redis.error_reply('ERR tollgate: malformed hit ' .. i)
+    end
+  end
+
+  -- A state is its numbers separated by spaces; FORMATS[n] writes the usual short ones in one
+  -- call (a sliding log's can hold thousands: more than one call can take).
+  local FORMATS = { '%d', '%d %d', '%d %d %d' }
+
+  local function read_state(key)
+    local raw = redis.call('GET', key)
+    if not raw then
+      return false
+    end
+    local a, b, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
+    if a and rest == '' then
+      return { tonumber(a), tonumber(b) }
+    end
+    local state = {}
+    for number in string.gmatch(raw, '%d+') do
+      state[#state + 1] = tonumber(number)
+    end
+    return state
+  end
+
+  local function encode(state)
+    local format = FORMATS[#state]
+    if format then
+      return string.format(format, unpack(state))
+    end
+    local parts = {}
+    for i, number in ipairs(state) do
+      parts[i] = string.format('%d', number)
+    end
+    return table.concat(parts, ' ')
+  end
+
+  local function ttl_ms(reset_after)
+    return math.max(div_ceil(reset_after, 1000), 1) + slack
+  end
+
+  -- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
+  -- retry_after µs (as algorithm::decide: a denied call's remaining is the room it found,
+  -- what a check finds now).
+  local function decide_hit(i, state, at, hits)
+    local tick = ticks[i]
+    local window = math.max(idiv(windows[i], tick), 1)
+    local algorithm = algorithms[i]
+    local now_ticks = idiv(at, tick)
+    local new_state, allowed, remaining, reset_after, retry_after =
+      algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], hits, charge)
+    if not allowed and hits > 0 then
+      local _, _, room = algorithm.decide(state or nil, now_ticks, requests[i], window, parameters[i], 0, charge)
+      remaining = room
+    end
+    return new_state, allowed, remaining, reset_after * tick, retry_after * tick
+  end
+
+  -- The reply: 2 + 6 per hit; `out` holds the decisions, `state_of(key)` the counter's state
+  -- after the call (false: none).
+  local out = { now, 0 }
+  local function record(i, allowed, remaining, reset_after, retry_after)
     local base = 2 + (i - 1) * 6
-    out[base + 5] = (state and state[1]) or -1
-    out[base + 6] = (state and state[2]) or -1
+    if allowed then
+      out[base + 1] = 1
+    else
+      out[base + 1] = 0
+    end
+    out[base + 2] = remaining
+    out[base + 3] = reset_after
+    out[base + 4] = retry_after
   end
-  return out
-end
+  local function finish(final)
+    for i = 1, count do
+      local state = final[keys[i]]
+      local base = 2 + (i - 1) * 6
+      out[base + 5] = (state and state[1]) or -1
+      out[base + 6] = (state and state[2]) or -1
+    end
+    return out
+  end
 
--- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
--- instant `at`, in µs).
-local function give_back(i, state, at, count)
-  local window = math.max(idiv(windows[i], ticks[i]), 1)
-  algorithms[i].give_back(state, idiv(at, ticks[i]), requests[i], window, parameters[i], count)
-end
+  -- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
+  -- instant `at`, in µs).
+  local function give_back(i, state, at, count)
+    local window = math.max(idiv(windows[i], ticks[i]), 1)
+    algorithms[i].give_back(state, idiv(at, ticks[i]), requests[i], window, parameters[i], count)
+  end
 
-if mode == 'refund' then
-  -- One give-back per counter, of all its hits in the request, under the algorithm's refund
-  -- rule (Refund in src/algorithm/mod.rs): a counter sent with the two numbers the apply call
-  -- left takes its refund only if it still holds them (compare and set); one sent with ""
-  -- takes it whatever happened since.
-  local totals, order = {}, {}
+  if mode == 'refund' then
+    -- One give-back per counter, of all its hits in the request, under the algorithm's refund
+    -- rule (Refund in src/algorithm/mod.rs): a counter sent with the two numbers the apply call
+    -- left takes its refund only if it still holds them (compare and set); one sent with ""
+    -- takes it whatever happened since.
+    local totals, order = {}, {}
+    for i = 1, count do
+      local key = keys[i]
+      if totals[key] == nil then
+        totals[key] = 0
+        order[#order + 1] = i
+      end
+      totals[key] = totals[key] + amounts[i]
+    end
+    local final = {}
+    for _, i in ipairs(order) do
+      final[keys[i]] = read_state(keys[i])
+    end
+    for _, i in ipairs(order) do
+      local key = keys[i]
+      local state = final[key]
+      local base = 6 + (i - 1) * 10
+      local first, second = ARGV[base + 9], ARGV[base + 10]
+      local unconditional = first == '' and second == ''
+      local unchanged = state and state[1] == tonumber(first) and state[2] == tonumber(second)
+      if state and totals[key] > 0 and (unconditional or unchanged) then
+        give_back(i, state, now, totals[key])
+        redis.call('SET', key, encode(state), 'KEEPTTL')
+      end
+    end
+    -- Refunded hits report a check on their counter as it now is.
+    for i = 1, count do
+      local _, allowed, remaining, reset_after, retry_after = decide_hit(i, final[keys[i]], now, 0)
+      record(i, allowed, remaining, reset_after, retry_after)
+    end
+    return finish(final)
+  end
+
+  -- Each hit sees the state left by the hits before it (a counter named twice counts twice).
+  local stored, after, expires, allowed = {}, {}, {}, {}
   for i = 1, count do
     local key = keys[i]
-    if totals[key] == nil then
-      totals[key] = 0
-      order[#order + 1] = i
-    end
-    totals[key] = totals[key] + amounts[i]
-  end
-  local final = {}
-  for _, i in ipairs(order) do
-    final[keys[i]] = read_state(keys[i])
-  end
-  for _, i in ipairs(order) do
-    local key = keys[i]
-    local state = final[key]
-    local base = 5 + (i - 1) * 10
-    local first, second = ARGV[base + 9], ARGV[base + 10]
-    local unconditional = first == '' and second == ''
-    local unchanged = state and state[1] == tonumber(first) and state[2] == tonumber(second)
-    if state and totals[key] > 0 and (unconditional or unchanged) then
-      give_back(i, state, now, totals[key])
-      redis.call('SET', key, encode(state), 'KEEPTTL')
-    end
-  end
-  -- Refunded hits report a check on their counter as it now is.
-  for i = 1, count do
-    local _, allowed, remaining, reset_after, retry_after = decide_hit(i, final[keys[i]], now, 0)
-    record(i, allowed, remaining, reset_after, retry_after)
-  end
-  return finish(final)
-end
-
--- Each hit sees the state left by the hits before it (a counter named twice counts twice).
-local stored, after, expires, allowed = {}, {}, {}, {}
-for i = 1, count do
-  local key = keys[i]
-  local state = after[key]
-  if state == nil then
-    state = stored[key]
+    local state = after[key]
     if state == nil then
-      state = read_state(key)
-      stored[key] = state
-    end
-  end
-  local new_state, ok, remaining, reset_after, retry_after = decide_hit(i, state, now, amounts[i])
-  allowed[i] = ok
-  record(i, ok, remaining, reset_after, retry_after)
-  if new_state then
-    after[key] = new_state
-    expires[key] = reset_after
-  end
-end
-
--- The veto rule of src/storage/mod.rs (rejects): an enforced descriptor over, or, when this is
--- the whole request, every quota descriptor over.
-local vetoed = false
-if not charge then
-  local quota, quota_over = 0, 0
-  local i = 1
-  while i <= count do
-    local base = 5 + (i - 1) * 10
-    local descriptor, role, over = ARGV[base + 8], ARGV[base + 7], false
-    while i <= count and ARGV[5 + (i - 1) * 10 + 8] == descriptor do
-      if not allowed[i] then
-        over = true
+      state = stored[key]
+      if state == nil then
+        state = read_state(key)
+        stored[key] = state
       end
-      i = i + 1
     end
-    if role == 'e' and over then
+    local new_state, ok, remaining, reset_after, retry_after = decide_hit(i, state, now, amounts[i])
+    allowed[i] = ok
+    record(i, ok, remaining, reset_after, retry_after)
+    if new_state then
+      after[key] = new_state
+      expires[key] = reset_after
+    end
+  end
+
+  -- The veto rule of src/storage/mod.rs (rejects): an enforced descriptor over, or, when this is
+  -- the whole request, every quota descriptor over.
+  local vetoed = false
+  if not charge then
+    local quota, quota_over = 0, 0
+    local i = 1
+    while i <= count do
+      local base = 6 + (i - 1) * 10
+      local descriptor, role, over = ARGV[base + 8], ARGV[base + 7], false
+      while i <= count and ARGV[6 + (i - 1) * 10 + 8] == descriptor do
+        if not allowed[i] then
+          over = true
+        end
+        i = i + 1
+      end
+      if role == 'e' and over then
+        vetoed = true
+      elseif role == 'q' then
+        quota = quota + 1
+        if over then
+          quota_over = quota_over + 1
+        end
+      end
+    end
+    if complete and quota > 0 and quota == quota_over then
       vetoed = true
-    elseif role == 'q' then
-      quota = quota + 1
-      if over then
-        quota_over = quota_over + 1
+    end
+  end
+
+  if vetoed then
+    -- Nothing consumed: allowed hits report a check on their unchanged counters.
+    for i = 1, count do
+      if allowed[i] then
+        local _, ok, remaining, reset_after, retry_after = decide_hit(i, stored[keys[i]], now, 0)
+        record(i, ok, remaining, reset_after, retry_after)
       end
     end
+    return finish(stored)
   end
-  if complete and quota > 0 and quota == quota_over then
-    vetoed = true
-  end
-end
 
-if vetoed then
-  -- Nothing consumed: allowed hits report a check on their unchanged counters.
-  for i = 1, count do
-    if allowed[i] then
-      local _, ok, remaining, reset_after, retry_after = decide_hit(i, stored[keys[i]], now, 0)
-      record(i, ok, remaining, reset_after, retry_after)
-    end
+  for key, state in pairs(after) do
+    redis.call('SET', key, encode(state), 'PX', ttl_ms(expires[key]))
+    stored[key] = state
   end
+  out[2] = 1
   return finish(stored)
 end
-
-for key, state in pairs(after) do
-  redis.call('SET', key, encode(state), 'PX', ttl_ms(expires[key]))
-  stored[key] = state
-end
-out[2] = 1
-return finish(stored)

@@ -40,3 +40,27 @@ function fixed_window.give_back(state, at, _, window, _, count)
 end
 
 ALGORITHMS.fw = fixed_window
+
+-- The same window aligned on the epoch, stored as counter.lua counts it (tag fixed_count):
+-- the key names the window, so the state is {count}.
+local fixed_count = {}
+
+function fixed_count.decide(state, now, limit, window, _, hits, charge)
+  local start = now - math.fmod(now, window)
+  local full = nil
+  if state then
+    full = { start, state[1] }
+  end
+  local new_state, allowed, remaining, reset_after, retry_after =
+    fixed_window.decide(full, now, limit, window, 0, hits, charge)
+  if new_state then
+    new_state = { new_state[2] }
+  end
+  return new_state, allowed, remaining, reset_after, retry_after
+end
+
+function fixed_count.give_back(state, _, _, _, _, count)
+  state[1] = math.max(state[1] - count, 0)
+end
+
+ALGORITHMS.fixed_count = fixed_count

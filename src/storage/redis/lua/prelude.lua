@@ -1,6 +1,6 @@
--- tollgate counter script: shared helpers. The files are concatenated into one script
--- (src/storage/redis/script.rs: this prelude, one file per algorithm, then apply.lua), loaded
--- once (SCRIPT LOAD) and called by EVALSHA.
+-- tollgate counter code: shared helpers. src/storage/redis/library.rs joins this prelude, one
+-- file per algorithm and apply.lua into a Redis function library (FUNCTION LOAD once, FCALL per
+-- call) and, for servers without functions (Redis before 7), into a script (EVALSHA).
 --
 -- Exactness: Lua numbers are doubles, exact for integers up to 2^53. Every value below stays
 -- within 2^52 (src/algorithm/mod.rs: EXACT_BOUND, Params::tick), products that could exceed

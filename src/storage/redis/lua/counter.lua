@@ -1,0 +1,188 @@
+-- The counter entry point, count(KEYS, ARGV): calls whose every hit is a fixed window aligned
+-- on the epoch, the reference's only algorithm and tollgate's default. Such a counter is one
+-- integer per window, under its key with the window's number appended (tollgate appends it:
+-- storage/redis/script.rs), so counting is INCRBY, and everything else about the decision
+-- (remaining, reset, retry) is worked out by tollgate from the counts this returns, with the
+-- Rust algorithm itself. The general entry point (apply.lua) reads and writes the same
+-- layout (its `fixed_count` algorithm), so a counter means the same whichever decides.
+--
+-- KEYS      the counter of each hit (all in one slot; a counter may appear more than once);
+--           or none, for a call across the slots of one node (keys then follow the hits).
+-- ARGV[1]   "apply", or "refund" (give back hits a committed call consumed).
+-- ARGV[2]   "1" with --count-denied (denied hits consume too), else "0".
+-- ARGV[3]   "1" when these are all the hits of the request (the whole veto rule applies
+--           here), else "0" (see apply.lua).
+-- ARGV[4]   n, the number of hits.
+-- ARGV[5..] 5 per hit: limit, hits, the counter's time to live in ms were it created now,
+--           role (e enforced|q quota|s shadow), descriptor index (a descriptor's hits are
+--           adjacent).
+-- then      when KEYS is empty: the n counters, in hit order.
+-- Returns   for "apply", {committed (1|0), then per hit the count its counter held before
+--           the hit (after the hits before it in this call)}, and for one hit alone the
+--           integer count * 2 + committed; for "refund", {1, then per hit its counter's count
+--           after the refund}.
+-- Writes    only after every counter is read, except for one hit alone, which is one slot.
+
+-- Numbers passed to redis.call are formatted here: Lua's own conversion writes numbers past
+-- 10^14 in exponent notation.
+
+-- The count of a counter, 0 when it does not exist.
+local function count_of(key)
+  return tonumber(redis.call('GET', key) or 0)
+end
+
+-- The reply to one hit: its count before and whether the call committed, packed into one
+-- integer (a table reply costs Redis a sixth of this whole call), while that stays exact.
+local function packed(committed, before)
+  if before >= 2251799813685248 then -- 2^51: before * 2 + 1 must stay below 2^53
+    return { committed, before }
+  end
+  return before * 2 + committed
+end
+
+-- One hit alone, the common call: INCRBY first, undone when denied (the rare case). Reads
+-- only the arguments the outcome needs.
+local function apply_one(key, ARGV)
+  local limit, amount = tonumber(ARGV[5]), tonumber(ARGV[6])
+  if limit == nil or amount == nil then
+    return redis.error_reply('ERR tollgate: malformed hit 1')
+  end
+  local role, complete = ARGV[8], ARGV[3] == '1'
+  local vetoing = role == 'e' or (role == 'q' and complete)
+  if amount == 0 then
+    local count = count_of(key)
+    if count + 1 > limit and vetoing and ARGV[2] ~= '1' then
+      return packed(0, count)
+    end
+    return packed(1, count)
+  end
+  local after = redis.call('INCRBY', key, ARGV[6])
+  if after == amount then
+    redis.call('PEXPIRE', key, ARGV[7])
+  end
+  local before = after - amount
+  if after <= limit then
+    return packed(1, before)
+  end
+  if ARGV[2] == '1' then
+    if after > MAX_COUNT then
+      redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL')
+    end
+    return packed(1, before)
+  end
+  if before == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('DECRBY', key, ARGV[6])
+  end
+  if vetoing then
+    return packed(0, before)
+  end
+  return packed(1, before)
+end
+
+-- Gives back each counter's hits (whatever happened since: the count is per window).
+local function refund(keys, ARGV, count)
+  local totals, order = {}, {}
+  for i = 1, count do
+    local key = keys[i]
+    if totals[key] == nil then
+      totals[key] = 0
+      order[#order + 1] = key
+    end
+    totals[key] = totals[key] + tonumber(ARGV[5 * i + 1])
+  end
+  local after = {}
+  for _, key in ipairs(order) do
+    after[key] = count_of(key)
+  end
+  for _, key in ipairs(order) do
+    if after[key] > 0 and totals[key] > 0 then
+      after[key] = math.max(after[key] - totals[key], 0)
+      redis.call('SET', key, string.format('%d', after[key]), 'KEEPTTL')
+    end
+  end
+  local out = { 1 }
+  for i = 1, count do
+    out[i + 1] = after[keys[i]]
+  end
+  return out
+end
+
+local function count(KEYS, ARGV)
+  if #KEYS == 1 and #ARGV == 9 and ARGV[1] == 'apply' then
+    return apply_one(KEYS[1], ARGV)
+  end
+  local mode, charge, complete = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
+  local n = tonumber(ARGV[4])
+  local keys_in_argv = n ~= nil and #KEYS == 0 and #ARGV == 4 + 6 * n
+  if n == nil or not (keys_in_argv or (#KEYS == n and #ARGV == 4 + 5 * n)) then
+    return redis.error_reply('ERR tollgate: malformed call')
+  end
+  local keys = KEYS
+  if keys_in_argv then
+    keys = {}
+    for i = 1, n do
+      keys[i] = ARGV[4 + 5 * n + i]
+    end
+  end
+  if mode == 'refund' then
+    return refund(keys, ARGV, n)
+  end
+
+  -- Every counter read first; each hit then sees the count the hits before it left.
+  local counts, stored, allowed, out = {}, {}, {}, { 1 }
+  for i = 1, n do
+    local key = keys[i]
+    if stored[key] == nil then
+      stored[key] = count_of(key)
+      counts[key] = stored[key]
+    end
+    local base = 5 * i
+    local limit, amount = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
+    local before = counts[key]
+    out[i + 1] = before
+    allowed[i] = before + math.max(amount, 1) <= limit
+    if allowed[i] or charge then
+      counts[key] = math.min(before + amount, MAX_COUNT)
+    end
+  end
+
+  -- The veto rule, as in apply.lua.
+  if not charge then
+    local vetoed, quota, quota_over = false, 0, 0
+    local i = 1
+    while i <= n do
+      local descriptor, role, over = ARGV[5 * i + 4], ARGV[5 * i + 3], false
+      while i <= n and ARGV[5 * i + 4] == descriptor do
+        over = over or not allowed[i]
+        i = i + 1
+      end
+      if role == 'e' and over then
+        vetoed = true
+      elseif role == 'q' then
+        quota = quota + 1
+        if over then
+          quota_over = quota_over + 1
+        end
+      end
+    end
+    if vetoed or (complete and quota > 0 and quota == quota_over) then
+      out[1] = 0
+      return out
+    end
+  end
+
+  for i = 1, n do
+    local key = keys[i]
+    local added = counts[key] - stored[key]
+    if added > 0 then
+      local after = redis.call('INCRBY', key, string.format('%d', added))
+      if after == added then
+        redis.call('PEXPIRE', key, ARGV[5 * i + 2])
+      end
+      stored[key] = counts[key]
+    end
+  end
+  return out
+end

@@ -113,8 +113,7 @@ static LIBRARY_TEXT: LazyLock<String> = LazyLock::new(|| {
                 ""
             };
             text.push_str(&format!(
-                "redis.register_function{{function_name = '{}', \
-                 callback = function(keys, args) return {}(keys, args) end{flags}}}\n",
+                "redis.register_function{{function_name = '{}', callback = {}{flags}}}\n",
                 function(entry, cross_slot),
                 entry.name(),
             ));

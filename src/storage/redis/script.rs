@@ -235,6 +235,20 @@ impl Call<'_> {
 
     /// lua/counter.lua's arguments.
     fn count_args(&self, command: &mut Cmd, instant: Micros) {
+        if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node) {
+            let denial = match (self.charge, hit.role) {
+                (Charge::Always, _) => "c",
+                (_, Role::Enforced) => "v",
+                (_, Role::Quota) if self.complete => "v",
+                _ => "u",
+            };
+            command
+                .arg(hit.params.requests)
+                .arg(hit.hits)
+                .arg(counter::ttl_ms(&hit.params, instant, self.slack_ms()))
+                .arg(denial);
+            return;
+        }
         command
             .arg(self.mode_name())
             .arg(Self::flag(self.charge == Charge::Always))

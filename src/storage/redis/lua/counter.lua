@@ -8,6 +8,7 @@
 --
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once);
 --           or none, for a call across the slots of one node (keys then follow the hits).
+-- One hit alone (the common call) has its own short arguments: see apply_one.
 -- ARGV[1]   "apply", or "refund" (give back hits a committed call consumed).
 -- ARGV[2]   "1" with --count-denied (denied hits consume too), else "0".
 -- ARGV[3]   "1" when these are all the hits of the request (the whole veto rule applies
@@ -40,31 +41,33 @@ local function packed(committed, before)
   return before * 2 + committed
 end
 
--- One hit alone, the common call: INCRBY first, undone when denied (the rare case). Reads
--- only the arguments the outcome needs.
+-- One hit alone, the common call, with its own short arguments: limit, hits, time to live,
+-- and what a denial does ("v": vetoes, the call commits nothing; "u": is undone, the call
+-- commits; "c": counts too, --count-denied). INCRBY first, undone when denied (the rare case).
 local function apply_one(key, ARGV)
-  local limit, amount = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local limit, amount, denial = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[4]
   if limit == nil or amount == nil then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
-  local role, complete = ARGV[8], ARGV[3] == '1'
-  local vetoing = role == 'e' or (role == 'q' and complete)
   if amount == 0 then
     local count = count_of(key)
-    if count + 1 > limit and vetoing and ARGV[2] ~= '1' then
+    if count + 1 > limit and denial == 'v' then
       return packed(0, count)
     end
     return packed(1, count)
   end
-  local after = redis.call('INCRBY', key, ARGV[6])
+  local after = redis.call('INCRBY', key, ARGV[2])
   if after == amount then
-    redis.call('PEXPIRE', key, ARGV[7])
+    redis.call('PEXPIRE', key, ARGV[3])
   end
   local before = after - amount
+  if after <= limit and before < 2251799813685248 then
+    return before * 2 + 1 -- packed(1, before), inline on the path nearly every call takes
+  end
   if after <= limit then
     return packed(1, before)
   end
-  if ARGV[2] == '1' then
+  if denial == 'c' then
     if after > MAX_COUNT then
       redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL')
     end
@@ -73,9 +76,9 @@ local function apply_one(key, ARGV)
   if before == 0 then
     redis.call('DEL', key)
   else
-    redis.call('DECRBY', key, ARGV[6])
+    redis.call('DECRBY', key, ARGV[2])
   end
-  if vetoing then
+  if denial == 'v' then
     return packed(0, before)
   end
   return packed(1, before)
@@ -110,7 +113,7 @@ local function refund(keys, ARGV, count)
 end
 
 local function count(KEYS, ARGV)
-  if #KEYS == 1 and #ARGV == 9 and ARGV[1] == 'apply' then
+  if #ARGV == 4 then
     return apply_one(KEYS[1], ARGV)
   end
   local mode, charge, complete = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
@@ -130,12 +133,25 @@ local function count(KEYS, ARGV)
     return refund(keys, ARGV, n)
   end
 
-  -- Every counter read first; each hit then sees the count the hits before it left.
-  local counts, stored, allowed, out = {}, {}, {}, { 1 }
+  -- Every counter read first (declared keys share a slot, so one MGET reads them all; a
+  -- cross-slot call reads them one by one); each hit then sees the count the hits before it
+  -- left.
+  local counts, stored, existed, allowed, out = {}, {}, {}, {}, { 1 }
+  local found = nil
+  if not keys_in_argv then
+    found = redis.call('MGET', unpack(keys))
+  end
   for i = 1, n do
     local key = keys[i]
     if stored[key] == nil then
-      stored[key] = count_of(key)
+      local value
+      if found then
+        value = found[i]
+      else
+        value = redis.call('GET', key)
+      end
+      existed[key] = value ~= false
+      stored[key] = tonumber(value or 0)
       counts[key] = stored[key]
     end
     local base = 5 * i
@@ -176,13 +192,17 @@ local function count(KEYS, ARGV)
   for i = 1, n do
     local key = keys[i]
     local added = counts[key] - stored[key]
-    if added > 0 then
-      local after = redis.call('INCRBY', key, string.format('%d', added))
-      if after == added then
-        redis.call('PEXPIRE', key, ARGV[5 * i + 2])
+    if added > 0 and existed[key] then
+      local by = ARGV[5 * i + 1]
+      if added ~= tonumber(by) then
+        by = string.format('%d', added)
       end
-      stored[key] = counts[key]
+      redis.call('INCRBY', key, by)
+    elseif added > 0 then
+      -- Read as missing a moment ago, in this same atomic call: created with its expiry.
+      redis.call('SET', key, string.format('%d', counts[key]), 'PX', ARGV[5 * i + 2])
     end
+    stored[key] = counts[key]
   end
   return out
 end

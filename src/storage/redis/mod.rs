@@ -367,7 +367,7 @@ fn refusal_hint(error: &StoreError) -> &'static str {
     {
         "check the user and password (in the --store URL, or --redis-password-file)"
     } else if text.contains("NOPERM") {
-        "the Redis user lacks a permission tollgate needs (FUNCTION, FCALL, or EVALSHA, EVAL and SCRIPT; GET, SET, TIME)"
+        "the Redis user lacks a permission tollgate needs (FUNCTION and FCALL, or EVALSHA, EVAL and SCRIPT; GET, MGET, SET, INCRBY, DECRBY, PEXPIRE, DEL)"
     } else {
         "see the error; tollgate keeps retrying"
     }

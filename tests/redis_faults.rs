@@ -538,3 +538,62 @@ async fn redis_over_tls_with_a_private_ca_and_a_client_certificate() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!without.ready().await, "ready without a client certificate");
 }
+
+/// A Redis user refused FUNCTION and FCALL (as on Redis before 7, which has neither) still
+/// gets exact decisions: tollgate runs the same code as scripts. In a process of its own,
+/// since the choice holds for the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_user_refused_functions_gets_the_same_decisions_by_script() {
+    let redis = common::redis_process::RedisServer::start();
+    redis.query(&[
+        "ACL",
+        "SETUSER",
+        "scripts",
+        "on",
+        ">secret",
+        "~*",
+        "+@all",
+        "-function",
+        "-fcall",
+        "-fcall_ro",
+    ]);
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let store = redis.url().replace("redis://", "redis://scripts:secret@");
+    let replica = Replica::spawn(config.path(), &["--store", &store]);
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    let mut remaining = Vec::new();
+    for _ in 0..12 {
+        let response = client
+            .should_rate_limit(user("scripted"))
+            .await
+            .unwrap()
+            .into_inner();
+        remaining.push((response.overall_code, response.statuses[0].limit_remaining));
+    }
+    let (ok, over) = (OK, OVER);
+    assert_eq!(
+        remaining,
+        [
+            (ok, 9),
+            (ok, 8),
+            (ok, 7),
+            (ok, 6),
+            (ok, 5),
+            (ok, 4),
+            (ok, 3),
+            (ok, 2),
+            (ok, 1),
+            (ok, 0),
+            (over, 0),
+            (over, 0)
+        ]
+    );
+    assert_eq!(redis.calls("fcall"), 0, "FCALL is refused to this user");
+    // The ten admitted hits reached Redis (the deny cache may answer the denied ones).
+    assert!(
+        redis.calls("evalsha") + redis.calls("eval") >= 10,
+        "the decisions went by script"
+    );
+    replica.terminate().await;
+}

@@ -326,7 +326,11 @@ async fn parity(name: &str, main: Params, variants: &[Params]) {
     // Every call ran the function library (a library Redis refused to load would leave the
     // calls to the script, correct but costlier).
     assert!(server.calls("fcall") > 2_000, "{name}: calls by FCALL");
-    assert_eq!(server.calls("evalsha") + server.calls("eval"), 0, "{name}: calls by script");
+    assert_eq!(
+        server.calls("evalsha") + server.calls("eval"),
+        0,
+        "{name}: calls by script"
+    );
 }
 
 fn params(algorithm: Algorithm, requests: u64, window: Micros) -> Params {

@@ -164,8 +164,8 @@ pub fn functions_usable() -> bool {
 /// command is unknown (Redis before 7) or refused to this user. If so, calls go by script
 /// from now on.
 pub fn gives_up_functions(error: &RedisError) -> bool {
-    let text = error.to_string();
-    let unusable = text.contains("unknown command") || text.contains("NOPERM");
+    let unusable = error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm)
+        || error.to_string().contains("unknown command");
     if unusable && FUNCTIONS_USABLE.swap(false, Ordering::Relaxed) {
         tracing::warn!(%error, "Redis cannot run tollgate's functions; calls go by script (EVALSHA), which costs Redis more per decision");
     }

@@ -47,7 +47,7 @@
 //!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
 //!   per-second Redis, `storage/redis/library.rs` and its `lua/` what runs there,
 //!   `storage/redis/script.rs` a call to it, `storage/redis/counter.rs` fixed windows as one
-//!   integer per window), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
+//!   integer per window, `storage/redis/clock.rs` Redis's clock as a replica tracks it), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
 //!   for known denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as
 //!   served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per

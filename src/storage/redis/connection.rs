@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script};
 
 use super::library::{self, SCRIPT};
@@ -67,6 +68,25 @@ impl Connection {
         let answer = match self.link.clone() {
             Link::Single(mut connection) => command.query_async(&mut connection).await,
             Link::Cluster(mut connection) => command.query_async(&mut connection).await,
+            Link::Sentinel(link) => command.query_async(&mut link.connection()).await,
+        };
+        answer.map_err(|error| self.store_error(error))
+    }
+
+    /// Redis's clock (`TIME`: seconds, microseconds); on a cluster the clock of the primary of
+    /// slot 0, so that every replica tracks the same node.
+    pub async fn time(&self) -> Result<(u64, u64), StoreError> {
+        let command = redis::cmd("TIME");
+        let answer = match self.link.clone() {
+            Link::Single(mut connection) => command.query_async(&mut connection).await,
+            Link::Cluster(mut connection) => {
+                let slot_0 = Route::new(0, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(slot_0));
+                match connection.route_command(command, routing).await {
+                    Ok(value) => redis::from_redis_value(value).map_err(RedisError::from),
+                    Err(error) => Err(error),
+                }
+            }
             Link::Sentinel(link) => command.query_async(&mut link.connection()).await,
         };
         answer.map_err(|error| self.store_error(error))

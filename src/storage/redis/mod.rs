@@ -16,8 +16,9 @@
 //! Files: `url.rs` (where Redis is), `connection.rs` (a single server or a cluster behind one
 //! type, and the error classification), `slots.rs` (the slot map and the grouping),
 //! `library.rs` with `lua/` (the counter code on the server), `script.rs` (a call to it),
-//! `counter.rs` (fixed windows as one integer per window).
+//! `counter.rs` (fixed windows as one integer per window), `clock.rs` (Redis's clock, tracked).
 
+mod clock;
 mod connection;
 mod counter;
 pub mod library;
@@ -32,6 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use clock::RedisClock;
 use connection::{Connection, connect, connect_all};
 use refund::{Part, Refund, give_back, refunds_of};
 use script::{Call, Mode, Reply};
@@ -39,7 +41,7 @@ use slots::{Group, Topology, plan, split_by_slot};
 pub use url::{RedisCertificates, RedisSpec, SpecError};
 
 use crate::algorithm::{Charge, Outcome};
-use crate::clock::{Clock, Micros, SystemClock};
+use crate::clock::Micros;
 use crate::storage::{CounterStore, Hit, StoreError, StoreOptions, vetoed};
 
 pub struct RedisStore {
@@ -51,6 +53,8 @@ pub struct RedisStore {
     spec: RedisSpec,
     options: StoreOptions,
     topology: Arc<Topology>,
+    /// The instant of each call: Redis's clock as this replica tracks it (`clock.rs`).
+    clock: Arc<RedisClock>,
 }
 
 /// A runtime's own connection, made in the background on that runtime.
@@ -79,9 +83,11 @@ impl RedisStore {
             spec: spec.clone(),
             options,
             topology: Arc::default(),
+            clock: Arc::new(RedisClock::system()),
         });
         let slot = Arc::clone(&store.connections);
         let topology = Arc::downgrade(&store.topology);
+        let clock = Arc::downgrade(&store.clock);
         let refresh = store.options.slot_map_refresh;
         let timeout = store.options.timeout;
         let count = store.options.redis_connections.max(1);
@@ -98,6 +104,12 @@ impl RedisStore {
                         {
                             known.refresh(first).await;
                             Topology::keep_fresh(topology, first.clone(), refresh);
+                        }
+                        // Redis's clock is known before the first decision.
+                        if let (Some(first), Some(tracked)) = (connections.first(), clock.upgrade())
+                        {
+                            clock::sample(&tracked, first).await;
+                            clock::keep_tracking(clock.clone(), first.clone());
                         }
                         let _ = slot.set(connections);
                         return;
@@ -171,8 +183,12 @@ impl RedisStore {
         None
     }
 
-    fn explicit_now(&self) -> Option<Micros> {
-        self.options.clock.as_ref().map(|clock| clock.now())
+    /// The instant to decide at: the injected clock's (tests), or Redis's as tracked.
+    fn now(&self) -> Micros {
+        match &self.options.clock {
+            Some(clock) => clock.now(),
+            None => self.clock.now(),
+        }
     }
 
     async fn apply_remote(
@@ -208,7 +224,7 @@ impl RedisStore {
             mode,
             hits,
             node,
-            now: self.explicit_now(),
+            now: Some(self.now()),
             charge: self.options.charge,
             complete,
             expected: &[],
@@ -387,7 +403,7 @@ impl CounterStore for RedisStore {
     /// of one integer per window (`counter.rs`) is forgotten for the current window.
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.connection()?;
-        let now = self.explicit_now().unwrap_or_else(|| SystemClock.now());
+        let now = self.now();
         let deletes = hits.iter().map(|hit| {
             let mut key = [self.options.key_prefix.as_str(), hit.key.as_str()].concat();
             if counter::is_counter(&hit.params) {

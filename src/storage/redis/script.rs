@@ -35,9 +35,8 @@ pub struct Call<'a> {
     /// no ASKING that would make a migrating slot's missing counters look local): a counter
     /// not on the node fails the script's read of it, before any write.
     pub node: Option<(&'a str, u16)>,
-    /// The instant to decide at, explicit (tests, a store's injected clock: Redis then keeps
-    /// the counters an hour past their windows, since it expires keys by its own clock);
-    /// `None`: this machine's clock, read once per call.
+    /// The instant to decide at: the store passes Redis's clock as it tracks it, tests an
+    /// explicit instant; `None`: this machine's clock, read once per call.
     pub now: Option<Micros>,
     pub charge: Charge,
     pub complete: bool,
@@ -180,10 +179,15 @@ impl Call<'_> {
         }
     }
 
-    /// How long past their windows Redis keeps the counters: an explicit clock does not run
-    /// with Redis's, which expires them.
-    fn slack_ms(&self) -> u64 {
-        if self.now.is_some() { 3_600_000 } else { 0 }
+    /// How long past their windows Redis keeps the counters. Redis expires keys by its own
+    /// clock: an instant more than a minute from this machine's (a test's explicit clock)
+    /// keeps them an hour longer, so that they outlive the run.
+    fn slack_ms(&self, instant: Micros) -> u64 {
+        if instant.abs_diff(SystemClock.now()) > 60_000_000 {
+            3_600_000
+        } else {
+            0
+        }
     }
 
     fn entry(&self) -> Entry {
@@ -245,7 +249,11 @@ impl Call<'_> {
             command
                 .arg(hit.params.requests)
                 .arg(hit.hits)
-                .arg(counter::ttl_ms(&hit.params, instant, self.slack_ms()))
+                .arg(counter::ttl_ms(
+                    &hit.params,
+                    instant,
+                    self.slack_ms(instant),
+                ))
                 .arg(denial);
             return;
         }
@@ -258,7 +266,11 @@ impl Call<'_> {
             command
                 .arg(hit.params.requests)
                 .arg(hit.hits)
-                .arg(counter::ttl_ms(&hit.params, instant, self.slack_ms()))
+                .arg(counter::ttl_ms(
+                    &hit.params,
+                    instant,
+                    self.slack_ms(instant),
+                ))
                 .arg(role_tag(hit.role))
                 .arg(hit.descriptor);
         }
@@ -272,7 +284,7 @@ impl Call<'_> {
             .arg(Self::flag(self.charge == Charge::Always))
             .arg(Self::flag(self.complete))
             .arg(self.hits.len())
-            .arg(self.slack_ms());
+            .arg(self.slack_ms(instant));
         for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
             let tick = params.tick().unwrap_or(1_000_000);

@@ -239,6 +239,7 @@ impl Call<'_> {
 
     /// lua/counter.lua's arguments.
     fn count_args(&self, command: &mut Cmd, instant: Micros) {
+        let ttl = |hit: &Hit| counter::ttl_ms(&hit.params, instant, self.slack_ms(instant));
         if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node) {
             let denial = match (self.charge, hit.role) {
                 (Charge::Always, _) => "c",
@@ -249,11 +250,7 @@ impl Call<'_> {
             command
                 .arg(hit.params.requests)
                 .arg(hit.hits)
-                .arg(counter::ttl_ms(
-                    &hit.params,
-                    instant,
-                    self.slack_ms(instant),
-                ))
+                .arg(ttl(hit))
                 .arg(denial);
             return;
         }
@@ -266,11 +263,7 @@ impl Call<'_> {
             command
                 .arg(hit.params.requests)
                 .arg(hit.hits)
-                .arg(counter::ttl_ms(
-                    &hit.params,
-                    instant,
-                    self.slack_ms(instant),
-                ))
+                .arg(ttl(hit))
                 .arg(role_tag(hit.role))
                 .arg(hit.descriptor);
         }

@@ -261,34 +261,8 @@ local function apply(KEYS, ARGV)
     end
   end
 
-  -- The veto rule of src/storage/mod.rs (rejects): an enforced descriptor over, or, when this is
-  -- the whole request, every quota descriptor over.
-  local vetoed = false
-  if not charge then
-    local quota, quota_over = 0, 0
-    local i = 1
-    while i <= count do
-      local base = 6 + (i - 1) * 10
-      local descriptor, role, over = ARGV[base + 8], ARGV[base + 7], false
-      while i <= count and ARGV[6 + (i - 1) * 10 + 8] == descriptor do
-        if not allowed[i] then
-          over = true
-        end
-        i = i + 1
-      end
-      if role == 'e' and over then
-        vetoed = true
-      elseif role == 'q' then
-        quota = quota + 1
-        if over then
-          quota_over = quota_over + 1
-        end
-      end
-    end
-    if complete and quota > 0 and quota == quota_over then
-      vetoed = true
-    end
-  end
+  -- The veto rule (prelude.lua), with --count-denied off.
+  local vetoed = not charge and vetoes(ARGV, count, allowed, 6, 10, 7, 8, complete)
 
   if vetoed then
     -- Nothing consumed: allowed hits report a check on their unchanged counters.

@@ -164,29 +164,10 @@ local function count(KEYS, ARGV)
     end
   end
 
-  -- The veto rule, as in apply.lua.
-  if not charge then
-    local vetoed, quota, quota_over = false, 0, 0
-    local i = 1
-    while i <= n do
-      local descriptor, role, over = ARGV[5 * i + 4], ARGV[5 * i + 3], false
-      while i <= n and ARGV[5 * i + 4] == descriptor do
-        over = over or not allowed[i]
-        i = i + 1
-      end
-      if role == 'e' and over then
-        vetoed = true
-      elseif role == 'q' then
-        quota = quota + 1
-        if over then
-          quota_over = quota_over + 1
-        end
-      end
-    end
-    if vetoed or (complete and quota > 0 and quota == quota_over) then
-      out[1] = 0
-      return out
-    end
+  -- The veto rule (prelude.lua), with --count-denied off.
+  if not charge and vetoes(ARGV, n, allowed, 5, 5, 3, 4, complete) then
+    out[1] = 0
+    return out
   end
 
   for i = 1, n do

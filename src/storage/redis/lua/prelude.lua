@@ -45,6 +45,33 @@ local function never(window)
   return nil, false, 0, window, window
 end
 
+-- The veto rule of src/storage/mod.rs (rejects): an enforced descriptor over, or, when the
+-- call holds the whole request (`complete`), every quota descriptor over. `allowed[i]` says
+-- whether hit i fits; its role (e|q|s) and descriptor index are ARGV[at(i) + role_at] and
+-- ARGV[at(i) + descriptor_at], at(i) = first + (i - 1) * stride (a descriptor's hits are
+-- adjacent).
+local function vetoes(ARGV, n, allowed, first, stride, role_at, descriptor_at, complete)
+  local quota, quota_over = 0, 0
+  local i = 1
+  while i <= n do
+    local at = first + (i - 1) * stride
+    local descriptor, role, over = ARGV[at + descriptor_at], ARGV[at + role_at], false
+    while i <= n and ARGV[first + (i - 1) * stride + descriptor_at] == descriptor do
+      over = over or not allowed[i]
+      i = i + 1
+    end
+    if role == 'e' and over then
+      return true
+    elseif role == 'q' then
+      quota = quota + 1
+      if over then
+        quota_over = quota_over + 1
+      end
+    end
+  end
+  return complete and quota > 0 and quota == quota_over
+end
+
 -- Hits a call consumes (Charge::consumed).
 local function consumed_by(allowed, charge, hits)
   if allowed or charge then

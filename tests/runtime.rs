@@ -57,11 +57,22 @@ async fn limit_holds_across_runtimes(store: &[&str]) -> Replica {
     let replica = Replica::spawn(config.path(), &flags);
     replica.wait_ready().await;
     let cores = std::thread::available_parallelism().unwrap().get();
-    let runtimes = threads_of(replica.process.0.id())
-        .iter()
-        .filter(|name| name.starts_with("tollgate-grpc-"))
-        .count();
-    assert_eq!(runtimes, cores - 1, "serving threads besides the main one");
+    // A thread takes its name once it runs, which a loaded machine may delay past readiness.
+    let runtimes = || {
+        threads_of(replica.process.0.id())
+            .iter()
+            .filter(|name| name.starts_with("tollgate-grpc-"))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while runtimes() != cores - 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        runtimes(),
+        cores - 1,
+        "serving threads besides the main one"
+    );
     let ok = Arc::new(AtomicUsize::new(0));
     let clients: Vec<_> = (0..CONNECTIONS)
         .map(|_| {

@@ -101,7 +101,14 @@ impl Call<'_> {
         let cross_slot = self.node.is_some();
         let raw = 'raw: {
             if library::functions_usable() {
-                let call = || self.command("FCALL", library::function(entry, cross_slot), instant);
+                let call = || {
+                    self.command(
+                        "FCALL",
+                        library::function(entry, cross_slot),
+                        instant,
+                        entry,
+                    )
+                };
                 match to.send(call()).await {
                     Err(error) if library::is_missing(&error) => {
                         if self.load_library(to).await {
@@ -160,11 +167,11 @@ impl Call<'_> {
     ) -> RedisResult<Value> {
         let (script, text) = library::script(entry, cross_slot);
         match to
-            .send(self.command("EVALSHA", script.get_hash(), instant))
+            .send(self.command("EVALSHA", script.get_hash(), instant, entry))
             .await
         {
             Err(error) if library::is_no_script(&error) => {
-                to.send(self.command("EVAL", text, instant)).await
+                to.send(self.command("EVAL", text, instant, entry)).await
             }
             result => result,
         }
@@ -200,7 +207,7 @@ impl Call<'_> {
 
     /// `verb target numkeys key… arg…`, where `verb target` is `FCALL function`, `EVALSHA sha`
     /// or `EVAL script`; redis-rs routes it on a cluster by its first key.
-    fn command(&self, verb: &str, target: &str, instant: Micros) -> Cmd {
+    fn command(&self, verb: &str, target: &str, instant: Micros, entry: Entry) -> Cmd {
         // Sized for the whole call up front (8 arguments, then 11 per hit, keys of about 90
         // bytes), so building it does not reallocate as arguments are added.
         let hits = self.hits.len();
@@ -214,7 +221,7 @@ impl Call<'_> {
                 self.key_arg(&mut command, hit, instant);
             }
         }
-        match self.entry() {
+        match entry {
             Entry::Count => self.count_args(&mut command, instant),
             Entry::Apply => self.apply_args(&mut command, instant),
         }
@@ -239,7 +246,8 @@ impl Call<'_> {
 
     /// lua/counter.lua's arguments.
     fn count_args(&self, command: &mut Cmd, instant: Micros) {
-        let ttl = |hit: &Hit| counter::ttl_ms(&hit.params, instant, self.slack_ms(instant));
+        let slack = self.slack_ms(instant);
+        let ttl = |hit: &Hit| counter::ttl_ms(&hit.params, instant, slack);
         if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node) {
             let denial = match (self.charge, hit.role) {
                 (Charge::Always, _) => "c",

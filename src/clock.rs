@@ -61,3 +61,12 @@ impl Clock for ManualClock {
         self.now.load(Ordering::SeqCst)
     }
 }
+
+/// A duration above zero.
+pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        Ok(_) => Err("must be more than zero".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}

@@ -80,6 +80,7 @@ pub mod process;
 pub mod query;
 pub mod reference_env;
 pub mod reload;
+pub mod rlqs;
 pub mod rules;
 pub mod runtime;
 pub mod server;

@@ -21,8 +21,10 @@ use crate::admin::writes::AdminWrites;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::metrics::Metrics;
-use crate::pb::RateLimitServiceServer;
+use crate::pb::{RateLimitQuotaServiceServer, RateLimitServiceServer};
 use crate::reload::{ReloadOptions, ReloadStatus};
+use crate::rlqs::QuotaOptions;
+use crate::rlqs::service::{QuotaService, Quotas};
 use crate::rules::RuleSet;
 use crate::runtime::{self, Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
@@ -37,6 +39,8 @@ pub struct Options {
     /// How requests are answered (response flags, input bounds, load shedding).
     pub service: ServiceOptions,
     pub modes: Modes,
+    /// The quota service (RLQS).
+    pub quota: QuotaOptions,
     /// How long health says NOT_SERVING before the listeners close.
     pub shutdown_delay: Duration,
     /// Bound on the wait for in-flight calls after the listeners close.
@@ -72,6 +76,7 @@ impl Default for Options {
         Self {
             service: ServiceOptions::default(),
             modes: Modes::default(),
+            quota: QuotaOptions::default(),
             shutdown_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(10),
             probe_every: Duration::from_secs(1),
@@ -216,10 +221,11 @@ pub enum ServerError {
     UnixTls,
 }
 
-/// The gRPC routes: RLS v3, gRPC health, and server reflection (so that `grpcurl list` and
+/// The gRPC routes: RLS v3, RLQS, gRPC health, and server reflection (so that `grpcurl list` and
 /// `grpcurl describe` work without the proto files).
 pub fn grpc_router(
     service: RlsService,
+    quotas: QuotaService,
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -234,7 +240,8 @@ pub fn grpc_router(
         .add_service(reflection)
         .add_service(
             RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-        ))
+        )
+        .add_service(RateLimitQuotaServiceServer::new(quotas)))
 }
 
 /// The gRPC server with tollgate's transport settings; shared with the null-handler server
@@ -312,6 +319,12 @@ pub async fn run(
         options.service.clone(),
         Arc::clone(&options.metrics),
     );
+    let quotas = Quotas::start(
+        options.quota.clone(),
+        Arc::clone(&rules),
+        Arc::clone(&store),
+        Arc::clone(&options.metrics),
+    );
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
     let store_up = options.metrics.store_up.clone();
@@ -331,7 +344,12 @@ pub async fn run(
 
     let (stop, stopped) = watch::channel(false);
     let max_request_bytes = options.service.input_limits.max_request_bytes;
-    let router = grpc_router(service.clone(), health_service, max_request_bytes)?;
+    let router = grpc_router(
+        service.clone(),
+        quotas.service(),
+        health_service,
+        max_request_bytes,
+    )?;
     let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
     let admin = crate::admin::router(
         options.admin_writes.clone(),
@@ -340,6 +358,7 @@ pub async fn run(
         health.clone(),
         Arc::clone(&options.metrics),
         Arc::clone(&options.reload_status),
+        Arc::clone(&quotas.registry),
     );
     let metrics_only = listeners.metrics.map(|(listener, path)| {
         let router = crate::admin::metrics_router(Arc::clone(&options.metrics), &path);
@@ -358,6 +377,7 @@ pub async fn run(
     }
     health.begin_shutdown().await;
     tokio::time::sleep(options.shutdown_delay).await;
+    quotas.stop();
     let _ = stop.send(true);
     probe.abort();
     for task in reloader.iter().chain(&statsd).chain(&follower) {

@@ -24,6 +24,7 @@ use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 use crate::metrics::Metrics;
 use crate::reload::ReloadStatus;
+use crate::rlqs::registry::Registry;
 use crate::rules::{Level, Policy, RuleSet};
 use crate::service::{self, RlsService};
 
@@ -34,6 +35,7 @@ struct Admin {
     health: Health,
     metrics: Arc<Metrics>,
     reload: Arc<ReloadStatus>,
+    quotas: Arc<Registry>,
 }
 
 /// The admin routes; `writes` guards the mutating ones.
@@ -44,6 +46,7 @@ pub fn router(
     health: Health,
     metrics: Arc<Metrics>,
     reload: Arc<ReloadStatus>,
+    quotas: Arc<Registry>,
 ) -> Router {
     let mutating = Router::new()
         .route("/json", post(decide_json))
@@ -65,6 +68,7 @@ pub fn router(
             health,
             metrics,
             reload,
+            quotas,
         })
 }
 
@@ -173,6 +177,10 @@ async fn config(State(admin): State<Admin>) -> String {
     let mut out = describe(&admin.limiter.rules());
     if let Some(source) = admin.reload.source() {
         let _ = write!(out, "\nsource: {source}\n");
+    }
+    let buckets = admin.quotas.describe();
+    if !buckets.is_empty() {
+        let _ = write!(out, "\nquota buckets (RLQS):\n{buckets}");
     }
     if let Some(error) = admin.reload.last_error() {
         let _ = write!(

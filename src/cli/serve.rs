@@ -10,6 +10,7 @@ use clap::builder::BoolishValueParser;
 
 use super::values::{key_prefix, positive_duration, tag, url_path};
 use super::xds_args::XdsArgs;
+use crate::rlqs::QuotaOptions;
 use crate::runtime::Flavor;
 use crate::service::ServiceOptions;
 use crate::telemetry::ratio;
@@ -286,6 +287,9 @@ pub struct ServeArgs {
 
     #[command(flatten)]
     pub service: ServiceOptions,
+
+    #[command(flatten)]
+    pub quota: QuotaOptions,
 
     /// Time health reports NOT_SERVING before the listeners close on shutdown.
     #[arg(long, env = "TOLLGATE_SHUTDOWN_DELAY", default_value = "0s", value_parser = humantime::parse_duration, help_heading = "Shutdown")]

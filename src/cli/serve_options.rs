@@ -142,6 +142,7 @@ impl ServeArgs {
     pub fn options(&self) -> Options {
         Options {
             service: self.service.clone(),
+            quota: self.quota.clone(),
             modes: Modes {
                 global_shadow: self.shadow_mode,
                 global_quota: self.quota_mode,

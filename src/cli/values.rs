@@ -1,7 +1,5 @@
 //! Value parsers shared by `serve`'s flags: what clap cannot check by type alone.
 
-use std::time::Duration;
-
 /// A key prefix without `{` or `}`, which would choose the Redis Cluster slot.
 pub fn key_prefix(text: &str) -> Result<String, String> {
     if text.contains(['{', '}']) {
@@ -30,11 +28,4 @@ pub fn tag(text: &str) -> Result<(String, String), String> {
     }
 }
 
-/// A duration above zero.
-pub fn positive_duration(text: &str) -> Result<Duration, String> {
-    match humantime::parse_duration(text) {
-        Ok(duration) if !duration.is_zero() => Ok(duration),
-        Ok(_) => Err("must be more than zero".into()),
-        Err(error) => Err(error.to_string()),
-    }
-}
+pub use crate::clock::positive_duration;

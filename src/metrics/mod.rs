@@ -23,9 +23,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 mod counters;
+mod quota;
 
 pub use counters::{HeldCounters, Labels, grpc_code, label};
 use counters::{LimitCounters, PerLimit};
+pub use quota::{BucketFigures, MAX_BUCKET_LABELS, QuotaMetrics};
 
 /// Per domain, per rule path: the plain (no client value) label sets, found by borrowed
 /// strings so that counting a hit allocates nothing. Behind an `ArcSwap`, because every
@@ -67,6 +69,8 @@ pub struct Metrics {
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
     pub tokio_tasks: Gauge,
+    /// The RLQS service's metrics.
+    pub quota: QuotaMetrics,
 }
 
 /// One descriptor's count, as the limiter saw it.
@@ -146,6 +150,7 @@ impl Metrics {
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
             tokio_tasks: Gauge::default(),
+            quota: QuotaMetrics::default(),
             registry,
         };
         metrics.register_service().cache_common_labels()
@@ -271,6 +276,7 @@ impl Metrics {
             "Tasks alive in the runtime (sampled at scrape time)",
             self.tokio_tasks.clone(),
         );
+        self.quota.register(r);
         self
     }
 

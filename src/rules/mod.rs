@@ -115,6 +115,12 @@ impl Level {
         Ok(())
     }
 
+    /// Whether some node of this level has `key` (how a quota bucket's unordered entries are
+    /// put in the order of the rules).
+    pub fn has_key(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
+    }
+
     /// The node for one request entry: exact value first, then wildcards in config order, then
     /// the key-only default. See `matcher` for why there is no backtracking.
     pub fn lookup(&self, key: &str, value: &str) -> Option<&Node> {

@@ -218,6 +218,13 @@ impl CounterStore for DenyCached {
         self.cache.forget(&keys);
         self.inner.forget(hits).await
     }
+
+    async fn share_demand(
+        &self,
+        post: &super::DemandPost<'_>,
+    ) -> Result<Option<Vec<super::Demand>>, StoreError> {
+        self.inner.share_demand(post).await
+    }
 }
 
 #[cfg(test)]

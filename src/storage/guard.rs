@@ -114,6 +114,14 @@ impl CounterStore for Guarded {
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         self.within_deadline(self.inner.forget(hits)).await
     }
+
+    /// Bounded by the deadline, outside the breaker: it is not on the request path.
+    async fn share_demand(
+        &self,
+        post: &super::DemandPost<'_>,
+    ) -> Result<Option<Vec<super::Demand>>, StoreError> {
+        self.within_deadline(self.inner.share_demand(post)).await
+    }
 }
 
 #[cfg(test)]

@@ -113,6 +113,35 @@ pub trait CounterStore: Send + Sync + 'static {
             "this store cannot reset counters".into(),
         ))
     }
+
+    /// Posts this replica's demand on one RLQS quota bucket and reads every replica's, in one
+    /// round trip. `Ok(None)`: the store is not shared (the memory store), so this replica's
+    /// streams are the only ones.
+    async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Option<Vec<Demand>>, StoreError> {
+        let _ = post;
+        Ok(None)
+    }
+}
+
+/// One replica's side of an RLQS quota bucket's demand (see `CounterStore::share_demand`).
+pub struct DemandPost<'a> {
+    /// Names the bucket; the store adds its key prefix.
+    pub key: &'a str,
+    /// This replica's streams that report the bucket, and their demand.
+    pub demands: &'a [Demand],
+    /// This replica's streams that stopped reporting it since the last post.
+    pub gone: &'a [String],
+    /// An entry not posted again for this long is dropped (its replica stopped).
+    pub stale_after: Duration,
+}
+
+/// A stream's demand on a bucket: requests per second, smoothed, or `None` while not known
+/// yet (the stream still counts among the bucket's streams); `stream` is unique across
+/// replicas.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Demand {
+    pub stream: String,
+    pub per_second: Option<f64>,
 }
 
 /// How the stores behave: one set of options for every store and the layers around them.

@@ -21,6 +21,7 @@
 mod clock;
 mod connection;
 mod counter;
+mod demand;
 pub mod library;
 pub mod per_second;
 pub mod refund;
@@ -416,5 +417,15 @@ impl CounterStore for RedisStore {
             result?;
         }
         Ok(())
+    }
+
+    async fn share_demand(
+        &self,
+        post: &crate::storage::DemandPost<'_>,
+    ) -> Result<Option<Vec<crate::storage::Demand>>, StoreError> {
+        let prefix = &self.options.key_prefix;
+        demand::share(self.connection()?, prefix, post)
+            .await
+            .map(Some)
     }
 }

@@ -102,4 +102,12 @@ impl CounterStore for PerSecondSplit {
         self.main.forget(hits).await?;
         self.per_second.forget(hits).await
     }
+
+    async fn share_demand(
+        &self,
+        post: &crate::storage::DemandPost<'_>,
+    ) -> Result<Option<Vec<crate::storage::Demand>>, StoreError> {
+        // Demand is not per second: it lives with the other limits.
+        self.main.share_demand(post).await
+    }
 }

@@ -1,0 +1,68 @@
+//! The Rate Limit Quota Service (RLQS, `envoy.service.rate_limit_quota.v3`): each data plane
+//! reports, per quota bucket and reporting interval, how many requests it allowed and
+//! denied, and enforces on its own the assignment the server pushes back; no call per
+//! request. docs/rlqs.md describes the model.
+//!
+//! - `bucket`: which rule a bucket falls under, and what it gives (allow all, deny all, a rate);
+//! - `split`: one rate divided among streams by demand, with a floor;
+//! - `grant`: what one stream is given, as the protocol's strategy, and when it is resent;
+//! - `registry`: the streams, their subscriptions and demand; reports in, actions out;
+//! - `rebalance`: every interval, demand shared through the store, split again, pushed;
+//! - `listing`: the buckets as `GET /config` shows them;
+//! - `service`: the gRPC stream, and the service as served.
+
+pub mod bucket;
+pub mod grant;
+pub mod listing;
+pub mod rebalance;
+pub mod registry;
+pub mod service;
+pub mod split;
+
+use std::time::Duration;
+
+use crate::clock::positive_duration;
+
+/// How the quota service behaves. Each field is a flag of `tollgate serve`.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub struct QuotaOptions {
+    /// How often each quota bucket is split again among the streams that report it, and
+    /// changed assignments pushed (RLQS).
+    #[arg(long, env = "TOLLGATE_RLQS_INTERVAL", default_value = "1s", value_parser = positive_duration, help_heading = "Quota service (RLQS)")]
+    pub rlqs_interval: Duration,
+
+    /// A bucket a stream has not reported for this long is abandoned: the stream is sent an
+    /// AbandonAction and the server forgets it.
+    #[arg(long, env = "TOLLGATE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = positive_duration, help_heading = "Quota service (RLQS)")]
+    pub rlqs_abandon_after: Duration,
+
+    /// How long the data plane may apply an assignment that was not renewed: past it, the
+    /// filter's expired_assignment_behavior applies (the server renews well before).
+    #[arg(long, env = "TOLLGATE_RLQS_ASSIGNMENT_TTL", default_value = "10s", value_parser = positive_duration, help_heading = "Quota service (RLQS)")]
+    pub rlqs_assignment_ttl: Duration,
+
+    /// The least share of a bucket's rate a stream gets, as a fraction of an equal share, so
+    /// that a new or quiet data plane is never starved.
+    #[arg(long, env = "TOLLGATE_RLQS_FLOOR", default_value_t = 0.1, value_parser = fraction, help_heading = "Quota service (RLQS)")]
+    pub rlqs_floor: f64,
+}
+
+impl Default for QuotaOptions {
+    fn default() -> Self {
+        Self {
+            rlqs_interval: Duration::from_secs(1),
+            rlqs_abandon_after: Duration::from_secs(60),
+            rlqs_assignment_ttl: Duration::from_secs(10),
+            rlqs_floor: 0.1,
+        }
+    }
+}
+
+/// A number from 0 to 1.
+fn fraction(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if (0.0..=1.0).contains(&value) => Ok(value),
+        Ok(_) => Err("must be from 0 to 1".into()),
+        Err(error) => Err(error.to_string()),
+    }
+}

@@ -1,0 +1,247 @@
+//! Every interval: abandon the buckets streams stopped using, share each bucket's demand
+//! through the store (one call per bucket; the memory store shares nothing), split again, and
+//! push the assignments that changed or are due for renewal.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::task::JoinHandle;
+
+use super::bucket::BucketKey;
+use super::grant::{self, Grant};
+use super::registry::{self, BucketRef, Registry, StreamId, gauge, send};
+use crate::metrics::{BucketFigures, MAX_BUCKET_LABELS};
+use crate::pb::rate_limit_quota_response::BucketAction;
+use crate::storage::{CounterStore, Demand, DemandPost};
+
+/// Store calls in flight at once while sharing demand.
+const SHARING_CONCURRENCY: usize = 64;
+
+/// Runs `tick` every `rlqs_interval` until aborted.
+pub fn spawn(registry: Arc<Registry>, store: Arc<dyn CounterStore>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(registry.options.rlqs_interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            registry.tick(store.as_ref()).await;
+        }
+    })
+}
+
+/// What one bucket posts to the store.
+struct Post {
+    at: BucketRef,
+    demands: Vec<Demand>,
+    gone: Vec<String>,
+}
+
+impl Registry {
+    /// One round: abandon, share, split, push.
+    pub async fn tick(&self, store: &dyn CounterStore) {
+        let posts = self.abandon_idle(Instant::now());
+        let shared = self.share(store, posts).await;
+        self.reassign(shared, Instant::now());
+    }
+
+    /// Before a graceful shutdown: every assignment sent again with no time to live, so that
+    /// the data planes fall back to their expired-assignment behaviour now rather than when
+    /// the assignments run out.
+    pub fn expire_all(&self) {
+        let state = self.state();
+        for stream in state.streams.values() {
+            let actions: Vec<BucketAction> = stream
+                .subscriptions
+                .iter()
+                .filter_map(|(key, s)| Some(grant::assign(key, s.sent?.grant, Default::default())))
+                .collect();
+            send(&stream.outbox, actions, &self.metrics, "expire");
+        }
+    }
+
+    /// Abandons subscriptions unused for `rlqs_abandon_after`, and collects each bucket's post.
+    fn abandon_idle(&self, now: Instant) -> Vec<Post> {
+        let idle_after = self.options.rlqs_abandon_after;
+        let mut state = self.state();
+        let mut abandoned: Vec<(StreamId, String, BucketKey)> = Vec::new();
+        for (&id, stream) in &mut state.streams {
+            let domain = stream.domain.clone().unwrap_or_default();
+            stream.subscriptions.retain(|key, subscription| {
+                let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
+                if idle {
+                    abandoned.push((id, domain.clone(), key.clone()));
+                }
+                !idle
+            });
+        }
+        let mut actions: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        for (id, domain, key) in abandoned {
+            actions.entry(id).or_default().push(grant::abandon(&key));
+            state.unsubscribe(&(domain, key), id);
+        }
+        for (id, actions) in actions {
+            if let Some(stream) = state.streams.get(&id) {
+                send(&stream.outbox, actions, &self.metrics, "abandon");
+            }
+        }
+        let mut posts = Vec::with_capacity(state.buckets.len());
+        let registry::State { streams, buckets } = &mut *state;
+        for (at, bucket) in buckets.iter_mut() {
+            let name = |id: &StreamId| format!("{}/{id}", self.replica);
+            let demands = bucket
+                .streams
+                .iter()
+                .filter_map(|id| {
+                    let subscription = streams.get(id)?.subscriptions.get(&at.1)?;
+                    Some(Demand {
+                        stream: name(id),
+                        per_second: subscription.demand,
+                    })
+                })
+                .collect();
+            let gone = bucket.gone.drain(..).map(|id| name(&id)).collect();
+            posts.push(Post {
+                at: at.clone(),
+                demands,
+                gone,
+            });
+        }
+        let emptied: Vec<BucketRef> = state
+            .buckets
+            .iter()
+            .filter(|(_, bucket)| bucket.streams.is_empty())
+            .map(|(at, _)| at.clone())
+            .collect();
+        for at in emptied {
+            state.buckets.remove(&at);
+            self.metrics.quota.remove_bucket(&at.0, &label(&at.1));
+        }
+        self.metrics.quota.buckets.set(gauge(state.buckets.len()));
+        posts
+    }
+
+    /// Each bucket's post sent to the store; the other replicas' demands that come back, for
+    /// the buckets whose call succeeded (a failed one keeps the last known).
+    async fn share(
+        &self,
+        store: &dyn CounterStore,
+        posts: Vec<Post>,
+    ) -> HashMap<BucketRef, Vec<Option<f64>>> {
+        // Each replica posts its streams every interval: three missed posts mean it stopped.
+        let stale_after = self.options.rlqs_interval * 3;
+        let own = format!("{}/", self.replica);
+        let calls = posts.into_iter().map(|post| {
+            let own = own.as_str();
+            async move {
+                let key = store_key(&post.at);
+                let shared = store
+                    .share_demand(&DemandPost {
+                        key: &key,
+                        demands: &post.demands,
+                        gone: &post.gone,
+                        stale_after,
+                    })
+                    .await;
+                let others = match shared {
+                    Ok(Some(all)) => Some(
+                        all.into_iter()
+                            .filter(|d| !d.stream.starts_with(own))
+                            .map(|d| d.per_second)
+                            .collect(),
+                    ),
+                    Ok(None) => Some(Vec::new()),
+                    Err(error) => {
+                        tracing::warn!(%error, "RLQS: sharing demand failed; the last known is kept");
+                        None
+                    }
+                };
+                (post.at, others)
+            }
+        });
+        futures_util::stream::iter(calls)
+            .buffer_unordered(SHARING_CONCURRENCY)
+            .filter_map(|(at, others)| async move { others.map(|o| (at, o)) })
+            .collect()
+            .await
+    }
+
+    /// Splits every bucket again and pushes what is due.
+    fn reassign(&self, shared: HashMap<BucketRef, Vec<Option<f64>>>, now: Instant) {
+        let rules = self.rules.load();
+        let mut state = self.state();
+        let mut actions: BTreeMap<StreamId, Vec<BucketAction>> = BTreeMap::new();
+        let all: Vec<BucketRef> = state.buckets.keys().cloned().collect();
+        let labelled = all.len() <= MAX_BUCKET_LABELS;
+        if !labelled {
+            self.metrics.quota.clear_buckets();
+        }
+        for at in &all {
+            if let (Some(others), Some(bucket)) = (shared.get(at), state.buckets.get_mut(at)) {
+                bucket.others = others.clone();
+            }
+            for (id, action) in state.assign(&self.options, &rules, at, now, None) {
+                actions.entry(id).or_default().push(action);
+            }
+            if labelled {
+                self.report_bucket(&state, at);
+            }
+        }
+        for (id, actions) in actions {
+            if let Some(stream) = state.streams.get(&id) {
+                send(&stream.outbox, actions, &self.metrics, "assign");
+            }
+        }
+    }
+
+    fn report_bucket(&self, state: &registry::State, at: &BucketRef) {
+        let Some(bucket) = state.buckets.get(at) else {
+            return;
+        };
+        let subscriptions = bucket
+            .streams
+            .iter()
+            .filter_map(|id| state.streams.get(id)?.subscriptions.get(&at.1));
+        let (mut demand, mut assigned) = (bucket.others.iter().flatten().sum::<f64>(), 0.0);
+        for subscription in subscriptions {
+            demand += subscription.demand.unwrap_or(0.0);
+            assigned += match subscription.sent.map(|s| s.grant) {
+                Some(Grant::Rate(rate)) => rate,
+                Some(Grant::AllowAll) => f64::INFINITY,
+                Some(Grant::DenyAll) | None => 0.0,
+            };
+        }
+        self.metrics.quota.set_bucket(&BucketFigures {
+            domain: &at.0,
+            bucket: &label(&at.1),
+            demand,
+            assigned,
+            streams: bucket.streams.len() + bucket.others.len(),
+        });
+    }
+}
+
+/// A bucket's entries as `key=value` joined by `,`, in key order (metrics, listings).
+pub fn label(key: &BucketKey) -> String {
+    let entries: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    entries.join(",")
+}
+
+/// The store key of a bucket's demand: a digest of the domain and entries, so that any
+/// bytes clients send make a short key of fixed shape.
+fn store_key(at: &BucketRef) -> String {
+    let mut digest = Sha256::new();
+    for part in std::iter::once((&at.0, &String::new())).chain(&at.1) {
+        for text in [part.0, part.1] {
+            digest.update((text.len() as u64).to_be_bytes());
+            digest.update(text.as_bytes());
+        }
+    }
+    let hex: String = digest.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("tollgate:rlqs:{hex}")
+}

@@ -1,0 +1,124 @@
+//! RLQS over gRPC: one task per stream reads the reports into the registry; the response
+//! stream is the stream's outbox, which the registry writes to. The stream ends when the
+//! client goes, or after an INVALID_ARGUMENT for a report that breaks the protocol.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use futures_util::Stream;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::QuotaOptions;
+use super::registry::{Registry, StreamId};
+use crate::metrics::Metrics;
+use crate::pb::{RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaUsageReports};
+use crate::rules::RuleSet;
+use crate::storage::CounterStore;
+
+/// Responses waiting for a slow client; past this, renewals are skipped until it catches up.
+const OUTBOX_SIZE: usize = 16;
+
+/// The quota service as served: the registry and the task that rebalances it.
+pub struct Quotas {
+    pub registry: Arc<Registry>,
+    rebalancer: tokio::task::JoinHandle<()>,
+}
+
+impl Quotas {
+    /// Starts rebalancing every `rlqs_interval`; must run inside a tokio runtime.
+    pub fn start(
+        options: QuotaOptions,
+        rules: Arc<ArcSwap<RuleSet>>,
+        store: Arc<dyn CounterStore>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let registry = Arc::new(Registry::new(options, rules, metrics));
+        let rebalancer = super::rebalance::spawn(Arc::clone(&registry), store);
+        Self {
+            registry,
+            rebalancer,
+        }
+    }
+
+    pub fn service(&self) -> QuotaService {
+        QuotaService::new(Arc::clone(&self.registry))
+    }
+
+    /// Before the listeners close: the data planes are told their assignments expired (so
+    /// their expired-assignment behaviour applies now), and every stream ends.
+    pub fn stop(&self) {
+        self.rebalancer.abort();
+        self.registry.expire_all();
+        self.registry.end_all();
+    }
+}
+
+#[derive(Clone)]
+pub struct QuotaService {
+    registry: Arc<Registry>,
+}
+
+impl QuotaService {
+    pub fn new(registry: Arc<Registry>) -> Self {
+        Self { registry }
+    }
+}
+
+type Responses = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for QuotaService {
+    type StreamRateLimitQuotasStream = Responses;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Responses>, Status> {
+        let reports = request.into_inner();
+        let (outbox, inbox) = mpsc::channel(OUTBOX_SIZE);
+        // The registry holds the only sender: when it forgets the stream, the responses end.
+        let id = self.registry.open(outbox);
+        tokio::spawn(read_reports(Arc::clone(&self.registry), id, reports));
+        let responses = futures_util::stream::unfold(inbox, |mut inbox| async move {
+            inbox.recv().await.map(|response| (response, inbox))
+        });
+        Ok(Response::new(Box::pin(responses)))
+    }
+}
+
+/// Feeds a stream's reports to the registry until the client closes it or breaks the
+/// protocol; then the registry forgets the stream, which ends the responses.
+async fn read_reports(
+    registry: Arc<Registry>,
+    id: StreamId,
+    mut reports: Streaming<RateLimitQuotaUsageReports>,
+) {
+    let _forget = Forget(&registry, id);
+    loop {
+        match reports.message().await {
+            Ok(Some(report)) => {
+                if let Err(status) = registry.report(id, report) {
+                    tracing::debug!(%status, "RLQS stream refused");
+                    registry.refuse(id, status);
+                    return;
+                }
+            }
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "RLQS stream ended");
+                return;
+            }
+        }
+    }
+}
+
+/// Forgets the stream however `read_reports` ends (a panic included).
+struct Forget<'a>(&'a Registry, StreamId);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.close(self.1);
+    }
+}

@@ -69,6 +69,7 @@ pub use envoy::service::rate_limit_quota::v3::{
     BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, rate_limit_quota_response,
     rate_limit_quota_service_client::RateLimitQuotaServiceClient,
     rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer},
+    rate_limit_quota_usage_reports,
 };
 pub use envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_response,

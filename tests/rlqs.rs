@@ -13,7 +13,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::redis_process::RedisServer;
 use common::rlqs::*;
@@ -159,5 +159,139 @@ async fn three_envoys_on_two_replicas_share_one_limit_through_one_redis() {
     for http in https {
         let streams = metric(http, "tollgate_rlqs_bucket_streams", "bucket=\"name=api\"").await;
         assert_eq!(streams, 3.0);
+    }
+}
+
+/// The mean admitted per second over `seconds`.
+fn mean(seconds: &[Second]) -> f64 {
+    admitted(seconds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_tollgate_lets_envoy_fall_back_and_a_restarted_one_limits_again() {
+    let config = Path::new("deploy/rlqs/config");
+    let tollgate = Replica::spawn(config, &[]);
+    tollgate.wait_ready().await;
+    let grpc = tollgate.grpc;
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = start_quota_envoy(dir.path(), &[grpc]).await;
+
+    let limited = offer(envoy.port, 200, 6, "").await;
+    let before = mean(&limited[1..]);
+    assert!((before - LIMIT).abs() <= LIMIT * 0.1, "{limited:?}");
+
+    // A graceful stop expires the assignment (time to live 0): Envoy applies the file's
+    // expired_assignment_behavior, ALLOW_ALL, at once.
+    tollgate.terminate().await;
+    let fallen_back = offer(envoy.port, 200, 5, "").await;
+    assert!(
+        fallen_back
+            .iter()
+            .all(|s| s.refused == 0 && s.admitted >= 190),
+        "{fallen_back:?}"
+    );
+
+    // Restarted: Envoy opens its stream again at its next report and reports the bucket,
+    // which is answered at once; within 3 intervals the limit holds again.
+    let restarted = Replica::spawn_on(config, grpc, &[]);
+    restarted.wait_ready().await;
+    let back = offer(envoy.port, 200, 20, "").await;
+    eprintln!("after the restart: {back:?}");
+    let limited_from = (0..back.len())
+        .find(|&from| back[from..].iter().all(|s| s.admitted <= 115))
+        .expect("limited again");
+    assert!(limited_from <= 3 * REPORT_EVERY as usize, "{back:?}");
+    let after = mean(&back[3 * REPORT_EVERY as usize..]);
+    assert!((after - LIMIT).abs() <= LIMIT * 0.1, "{back:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_buckets_are_abandoned_and_a_limit_change_reaches_every_envoy_within_an_interval() {
+    let rules = std::fs::read_to_string("deploy/rlqs/config/quota.yaml").unwrap();
+    let dir = config_dir(&[("quota.yaml", rules.as_str())]);
+    let tollgate = Replica::spawn(dir.path(), &["--rlqs-abandon-after", "3s"]);
+    tollgate.wait_ready().await;
+    let http = tollgate.http_addr();
+    let envoy_dir = tempfile::tempdir().unwrap();
+    let envoys = [
+        start_quota_envoy(envoy_dir.path(), &[tollgate.grpc]).await,
+        start_quota_envoy(envoy_dir.path(), &[tollgate.grpc]).await,
+    ];
+
+    // Each Envoy opens its stream with its first request (the first report of a bucket made
+    // while the stream opens can be lost: Envoy sends it again 5 s later).
+    let api = "quota name=api: rule quota.name_api, 100.000/s, streams 2";
+    subscribe(&envoys, &[], http, api).await;
+    // A tenant's bucket used once on each Envoy, then idle (Envoy keeps reporting it, with
+    // no requests): abandoned on both after 3 s, as is the api bucket.
+    let tenant = "quota name=tenant,tenant=t1: rule quota.name_tenant.tenant, 10.000/s, streams 2";
+    subscribe(&envoys, &[("x-tenant", "t1")], http, tenant).await;
+    wait_for_config(http, |config| !config.contains("quota buckets")).await;
+    assert_eq!(
+        metric(http, "tollgate_rlqs_actions_total", "action=\"abandon\"").await,
+        4.0
+    );
+    // Used again, a bucket is a new subscription.
+    subscribe(&envoys, &[], http, api).await;
+
+    // The api bucket's limit becomes 0 (deny all): every Envoy refuses within an interval
+    // (1 s) of tollgate reloading the file.
+    std::fs::write(
+        dir.path().join("quota.yaml"),
+        rules.replace("requests_per_unit: 100", "requests_per_unit: 0"),
+    )
+    .unwrap();
+    let reloaded = Instant::now();
+    wait_for_config(http, |config| config.contains("requests_per_unit=0")).await;
+    let seen = reloaded.elapsed();
+    for envoy in &envoys {
+        while status(envoy.port, &[]).await != 429 {
+            assert!(
+                reloaded.elapsed() < Duration::from_secs(10),
+                "never refused"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "envoy {} refusing after {:?}",
+            envoy.port,
+            reloaded.elapsed()
+        );
+    }
+    let arrived = reloaded.elapsed();
+    eprintln!("reload seen after {seen:?}; every Envoy refusing after {arrived:?}");
+    // One interval after the reload was seen, with a second's margin for a loaded machine.
+    assert!(
+        arrived <= seen + Duration::from_secs(2),
+        "{arrived:?}, reload seen at {seen:?}"
+    );
+}
+
+/// Sends each Envoy a request with `headers` until `GET /config` shows `line`.
+async fn subscribe(envoys: &[QuotaEnvoy], headers: &[(&str, &str)], http: SocketAddr, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for envoy in envoys {
+            assert_eq!(status(envoy.port, headers).await, 200);
+        }
+        let config = get(http, "/config", &[]).await.body;
+        if config.contains(line) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{config}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls `GET /config` until `done` holds (at most 30 s); the config text.
+async fn wait_for_config(http: SocketAddr, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let config = get(http, "/config", &[]).await.body;
+        if done(&config) {
+            return config;
+        }
+        assert!(Instant::now() < deadline, "{config}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

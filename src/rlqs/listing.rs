@@ -29,8 +29,8 @@ impl Registry {
                     .iter()
                     .filter_map(|id| state.streams.get(id)?.subscriptions.get(&at.1))
                     .collect();
-                let demand: f64 = subscriptions.iter().filter_map(|s| s.demand).sum::<f64>()
-                    + bucket.others.iter().flatten().sum::<f64>();
+                let demand: f64 = subscriptions.iter().filter_map(|s| s.demand).fold(0.0, |sum, d| sum + d)
+                    + bucket.others.iter().flatten().fold(0.0, |sum, d| sum + d);
                 let assigned: f64 = subscriptions
                     .iter()
                     .map(|s| match s.sent.map(|sent| sent.grant) {

@@ -31,8 +31,9 @@ pub struct QuotaOptions {
     #[arg(long, env = "TOLLGATE_RLQS_INTERVAL", default_value = "1s", value_parser = positive_duration, help_heading = "Quota service (RLQS)")]
     pub rlqs_interval: Duration,
 
-    /// A bucket a stream has not reported for this long is abandoned: the stream is sent an
-    /// AbandonAction and the server forgets it.
+    /// A bucket in which a stream has reported no request for this long (and for at least two
+    /// of the stream's report periods) is abandoned: the stream is sent an AbandonAction and
+    /// the server forgets the bucket for it.
     #[arg(long, env = "TOLLGATE_RLQS_ABANDON_AFTER", default_value = "60s", value_parser = positive_duration, help_heading = "Quota service (RLQS)")]
     pub rlqs_abandon_after: Duration,
 

@@ -62,7 +62,8 @@ impl Registry {
         }
     }
 
-    /// Abandons subscriptions unused for `rlqs_abandon_after`, and collects each bucket's post.
+    /// Abandons subscriptions unused for `rlqs_abandon_after` (at least two of their stream's
+    /// report periods), and collects each bucket's post.
     fn abandon_idle(&self, now: Instant) -> Vec<Post> {
         let idle_after = self.options.rlqs_abandon_after;
         let mut state = self.state();
@@ -70,6 +71,9 @@ impl Registry {
         for (&id, stream) in &mut state.streams {
             let domain = stream.domain.clone().unwrap_or_default();
             stream.subscriptions.retain(|key, subscription| {
+                // A bucket in use shows it only in the stream's next report: never judge it
+                // idle in less than two of the stream's report periods.
+                let idle_after = idle_after.max(subscription.period * 2);
                 let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
                 if idle {
                     abandoned.push((id, domain.clone(), key.clone()));
@@ -204,7 +208,10 @@ impl Registry {
             .streams
             .iter()
             .filter_map(|id| state.streams.get(id)?.subscriptions.get(&at.1));
-        let (mut demand, mut assigned) = (bucket.others.iter().flatten().sum::<f64>(), 0.0);
+        let (mut demand, mut assigned) = (
+            bucket.others.iter().flatten().fold(0.0, |sum, d| sum + d),
+            0.0,
+        );
         for subscription in subscriptions {
             demand += subscription.demand.unwrap_or(0.0);
             assigned += match subscription.sent.map(|s| s.grant) {

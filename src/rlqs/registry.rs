@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
 
 use super::QuotaOptions;
@@ -54,6 +54,8 @@ pub type BucketRef = (String, BucketKey);
 
 pub(super) struct Stream {
     pub(super) outbox: Outbox,
+    /// Dropped with the stream: tells its reader to stop reading.
+    _ended: oneshot::Sender<()>,
     pub(super) domain: Option<String>,
     pub(super) subscriptions: HashMap<BucketKey, Subscription>,
 }
@@ -63,6 +65,8 @@ pub(super) struct Subscription {
     pub(super) demand: Option<f64>,
     /// When the stream last reported a request in the bucket (or subscribed).
     pub(super) last_used: Instant,
+    /// The time its latest report covered: how often the stream reports.
+    pub(super) period: Duration,
     pub(super) sent: Option<Sent>,
 }
 
@@ -93,17 +97,20 @@ impl Registry {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new stream, answered through `outbox`.
-    pub fn open(&self, outbox: Outbox) -> StreamId {
+    /// A new stream, answered through `outbox`; the receiver resolves when the registry
+    /// forgets the stream.
+    pub fn open(&self, outbox: Outbox) -> (StreamId, oneshot::Receiver<()>) {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (ended, on_end) = oneshot::channel();
         let stream = Stream {
             outbox,
+            _ended: ended,
             domain: None,
             subscriptions: HashMap::new(),
         };
         self.state().streams.insert(id, stream);
         self.metrics.quota.streams.inc();
-        id
+        (id, on_end)
     }
 
     /// Forgets a closed stream.
@@ -171,12 +178,16 @@ impl Registry {
                         .or_insert(Subscription {
                             demand: None,
                             last_used: now,
+                            period: Duration::ZERO,
                             sent: None,
                         })
                 }
             };
             if requests > 0 {
                 subscription.last_used = now;
+            }
+            if !elapsed.is_zero() {
+                subscription.period = elapsed;
             }
             subscription.demand = smoothed(subscription.demand, requests, elapsed);
             if new.last() == Some(&key) {

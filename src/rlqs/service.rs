@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use futures_util::Stream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::QuotaOptions;
@@ -79,8 +79,8 @@ impl RateLimitQuotaService for QuotaService {
         let reports = request.into_inner();
         let (outbox, inbox) = mpsc::channel(OUTBOX_SIZE);
         // The registry holds the only sender: when it forgets the stream, the responses end.
-        let id = self.registry.open(outbox);
-        tokio::spawn(read_reports(Arc::clone(&self.registry), id, reports));
+        let (id, ended) = self.registry.open(outbox);
+        tokio::spawn(read_reports(Arc::clone(&self.registry), id, reports, ended));
         let responses = futures_util::stream::unfold(inbox, |mut inbox| async move {
             inbox.recv().await.map(|response| (response, inbox))
         });
@@ -88,16 +88,22 @@ impl RateLimitQuotaService for QuotaService {
     }
 }
 
-/// Feeds a stream's reports to the registry until the client closes it or breaks the
-/// protocol; then the registry forgets the stream, which ends the responses.
+/// Feeds a stream's reports to the registry until the client closes it, breaks the protocol
+/// or the registry ends it (shutdown); then the registry forgets the stream, which ends the
+/// responses, and dropping `reports` resets the client's half of the stream.
 async fn read_reports(
     registry: Arc<Registry>,
     id: StreamId,
     mut reports: Streaming<RateLimitQuotaUsageReports>,
+    mut ended: oneshot::Receiver<()>,
 ) {
     let _forget = Forget(&registry, id);
     loop {
-        match reports.message().await {
+        let message = tokio::select! {
+            message = reports.message() => message,
+            _ = &mut ended => return,
+        };
+        match message {
             Ok(Some(report)) => {
                 if let Err(status) = registry.report(id, report) {
                     tracing::debug!(%status, "RLQS stream refused");

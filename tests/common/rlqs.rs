@@ -120,6 +120,17 @@ pub async fn offer(port: u16, rate: u32, seconds: u64, header: &str) -> Vec<Seco
     total
 }
 
+/// The status of one request with `headers`, on a connection of its own (not `Connection:
+/// close`, which Envoy answers by waiting up to a second for the client to close first).
+pub async fn status(port: u16, headers: &[(&str, &str)]) -> u16 {
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    let request = format!("GET / HTTP/1.1\r\nHost: quota\r\n{extra}\r\n");
+    send(&mut None, port, &request).await
+}
+
 /// One request on a kept-alive connection (made again if Envoy closed it); its status.
 async fn send(connection: &mut Option<BufReader<TcpStream>>, port: u16, request: &str) -> u16 {
     for _ in 0..3 {

@@ -1,0 +1,340 @@
+//! The RLQS protocol as a client sees it, on an in-process server: assignments answer a new
+//! bucket at once and follow the split as streams come and their demand changes; idle
+//! buckets are abandoned; broken reports end the stream with INVALID_ARGUMENT; a graceful
+//! shutdown expires every assignment and ends the streams.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use prost_types::Duration as ProtoDuration;
+use tokio::sync::mpsc;
+use tollgate::pb::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use tollgate::pb::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use tollgate::pb::rate_limit_strategy::{BlanketRule, Strategy};
+use tollgate::pb::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports,
+};
+use tollgate::rlqs::QuotaOptions;
+use tollgate::server::Options;
+use tonic::{Code, Status, Streaming};
+
+const RULES: &str = r#"
+domain: quota
+descriptors:
+  - key: name
+    value: api
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: name
+    value: open
+    rate_limit: {unlimited: true}
+  - key: name
+    value: closed
+    rate_limit: {unit: minute, requests_per_unit: 0}
+"#;
+
+/// A client's end of one stream.
+struct Stream {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    responses: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    async fn open(server: &TestServer) -> Self {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
+        let (reports, inbox) = mpsc::channel(16);
+        let outgoing = futures_util::stream::unfold(inbox, |mut inbox| async move {
+            inbox.recv().await.map(|report| (report, inbox))
+        });
+        let responses = client
+            .stream_rate_limit_quotas(outgoing)
+            .await
+            .unwrap()
+            .into_inner();
+        Self { reports, responses }
+    }
+
+    /// Reports `(bucket, allowed, seconds)` for each bucket.
+    async fn report(&self, domain: &str, usages: &[(&str, u64, i64)]) {
+        let report = RateLimitQuotaUsageReports {
+            domain: domain.to_owned(),
+            bucket_quota_usages: usages
+                .iter()
+                .map(|(name, allowed, seconds)| BucketQuotaUsage {
+                    bucket_id: Some(bucket(name)),
+                    time_elapsed: Some(ProtoDuration {
+                        seconds: *seconds,
+                        nanos: 0,
+                    }),
+                    num_requests_allowed: *allowed,
+                    num_requests_denied: 0,
+                })
+                .collect(),
+        };
+        self.reports.send(report).await.unwrap();
+    }
+
+    /// The next response's actions as (bucket name, what it says), within 10 s.
+    async fn next(&mut self) -> Result<Vec<(String, Given)>, Status> {
+        let message = tokio::time::timeout(Duration::from_secs(10), self.responses.message())
+            .await
+            .expect("a response within 10 s")?;
+        let response = message.expect("the stream goes on");
+        Ok(response.bucket_action.iter().map(given).collect())
+    }
+
+    /// Responses until one says something about `name`; what it says.
+    async fn next_for(&mut self, name: &str) -> Given {
+        loop {
+            if let Some((_, given)) = self
+                .next()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|(n, _)| n == name)
+            {
+                return given;
+            }
+        }
+    }
+}
+
+/// What an action gives, in short.
+#[derive(Debug, Clone, PartialEq)]
+enum Given {
+    /// Tokens per second, the bucket's size, the time to live in seconds.
+    Tokens(u32, u32, i64),
+    AllowAll(i64),
+    DenyAll(i64),
+    Abandoned,
+}
+
+fn given(action: &tollgate::pb::rate_limit_quota_response::BucketAction) -> (String, Given) {
+    let name = action.bucket_id.as_ref().unwrap().bucket["name"].clone();
+    let given = match action.bucket_action.as_ref().unwrap() {
+        Action::AbandonAction(_) => Given::Abandoned,
+        Action::QuotaAssignmentAction(assignment) => {
+            let ttl = assignment.assignment_time_to_live.unwrap().seconds;
+            match assignment
+                .rate_limit_strategy
+                .clone()
+                .unwrap()
+                .strategy
+                .unwrap()
+            {
+                Strategy::TokenBucket(bucket) => {
+                    assert_eq!(bucket.fill_interval.unwrap().seconds, 1);
+                    Given::Tokens(bucket.tokens_per_fill.unwrap(), bucket.max_tokens, ttl)
+                }
+                Strategy::BlanketRule(rule) if rule == BlanketRule::AllowAll as i32 => {
+                    Given::AllowAll(ttl)
+                }
+                Strategy::BlanketRule(_) => Given::DenyAll(ttl),
+                other => panic!("unexpected strategy {other:?}"),
+            }
+        }
+    };
+    (name, given)
+}
+
+fn bucket(name: &str) -> BucketId {
+    BucketId {
+        bucket: HashMap::from([("name".to_owned(), name.to_owned())]),
+    }
+}
+
+async fn server(quota: QuotaOptions) -> TestServer {
+    let setup = Setup {
+        options: Options {
+            quota,
+            ..Options::default()
+        },
+        ..Setup::default()
+    };
+    start_with(&[("quota.yaml", RULES)], setup).await
+}
+
+fn fast() -> QuotaOptions {
+    QuotaOptions {
+        rlqs_interval: Duration::from_millis(100),
+        rlqs_abandon_after: Duration::from_secs(2),
+        rlqs_assignment_ttl: Duration::from_secs(30),
+        rlqs_floor: 0.1,
+    }
+}
+
+#[tokio::test]
+async fn a_bucket_is_answered_at_once_and_split_by_demand_between_streams() {
+    let server = server(fast()).await;
+    let mut first = Stream::open(&server).await;
+    first.report("quota", &[("api", 1, 0)]).await;
+    // Alone: the whole 100 per second, a tenth of a second's worth at once.
+    assert_eq!(
+        first.next().await.unwrap(),
+        [("api".to_owned(), Given::Tokens(100, 10, 30))]
+    );
+
+    let mut second = Stream::open(&server).await;
+    second.report("quota", &[("api", 1, 0)]).await;
+    // Demands unknown yet: equal shares, the first stream told too.
+    assert_eq!(second.next_for("api").await, Given::Tokens(50, 5, 30));
+    assert_eq!(first.next_for("api").await, Given::Tokens(50, 5, 30));
+
+    // 300 and 100 requests over 5 s: 60/s and 20/s, so 75 and 25 per second.
+    first.report("quota", &[("api", 300, 5)]).await;
+    second.report("quota", &[("api", 100, 5)]).await;
+    let mut shares = (first.next_for("api").await, second.next_for("api").await);
+    // The two reports may land in different rounds: the first round can see one of them.
+    while shares != (Given::Tokens(75, 8, 30), Given::Tokens(25, 3, 30)) {
+        shares = (first.next_for("api").await, second.next_for("api").await);
+    }
+
+    // The second stream goes: the first gets the whole limit back.
+    drop(second);
+    assert_eq!(first.next_for("api").await, Given::Tokens(100, 10, 30));
+    let metrics = get(server.http, "/metrics", &[]).await.body;
+    assert!(metrics.contains("tollgate_rlqs_streams 1\n"), "{metrics}");
+}
+
+#[tokio::test]
+async fn unlimited_zero_and_unknown_buckets_get_blanket_rules() {
+    let server = server(fast()).await;
+    let mut stream = Stream::open(&server).await;
+    stream
+        .report(
+            "quota",
+            &[("open", 1, 0), ("closed", 1, 0), ("nobody", 1, 0)],
+        )
+        .await;
+    let mut actions = stream.next().await.unwrap();
+    actions.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        actions,
+        [
+            ("closed".to_owned(), Given::DenyAll(30)),
+            ("nobody".to_owned(), Given::AllowAll(30)),
+            ("open".to_owned(), Given::AllowAll(30)),
+        ]
+    );
+    let config = get(server.http, "/config", &[]).await.body;
+    assert!(
+        config.contains(
+            "quota name=closed: rule quota.name_closed, deny all, streams 1 (all replicas)"
+        ),
+        "{config}"
+    );
+}
+
+#[tokio::test]
+async fn a_bucket_unused_for_the_abandon_time_is_abandoned() {
+    let server = server(fast()).await;
+    let mut stream = Stream::open(&server).await;
+    stream
+        .report("quota", &[("api", 1, 0), ("open", 1, 0)])
+        .await;
+    assert_eq!(stream.next().await.unwrap().len(), 2);
+    // `api` keeps being used; `open` is reported with no requests, as Envoy does.
+    let started = std::time::Instant::now();
+    loop {
+        stream
+            .report("quota", &[("api", 5, 1), ("open", 0, 1)])
+            .await;
+        let actions = tokio::time::timeout(Duration::from_millis(500), stream.next()).await;
+        if let Ok(actions) = actions {
+            let actions = actions.unwrap();
+            if actions.contains(&("open".to_owned(), Given::Abandoned)) {
+                assert!(
+                    !actions.iter().any(|(name, _)| name == "api"),
+                    "{actions:?}"
+                );
+                break;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never abandoned"
+        );
+    }
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let config = get(server.http, "/config", &[]).await.body;
+    assert!(
+        config.contains("quota name=api:") && !config.contains("name=open"),
+        "{config}"
+    );
+    // Reported again, it is a new subscription, answered at once.
+    stream.report("quota", &[("open", 1, 0)]).await;
+    assert_eq!(stream.next_for("open").await, Given::AllowAll(30));
+}
+
+#[tokio::test]
+async fn reports_that_break_the_protocol_end_the_stream_with_invalid_argument() {
+    let server = server(fast()).await;
+    let cases: [(&str, &[(&str, u64, i64)], &str); 2] = [
+        ("", &[("api", 1, 0)], "must name its domain"),
+        ("quota", &[("", 1, 0)], "must not be empty"),
+    ];
+    for (domain, usages, reason) in cases {
+        let mut stream = Stream::open(&server).await;
+        stream.report(domain, usages).await;
+        let status = stream.next().await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().contains(reason), "{}", status.message());
+    }
+    // Another domain on the same stream.
+    let mut stream = Stream::open(&server).await;
+    stream.report("quota", &[("api", 1, 0)]).await;
+    stream.next().await.unwrap();
+    stream.report("other", &[("api", 1, 0)]).await;
+    let status = loop {
+        if let Err(status) = stream.next().await {
+            break status;
+        }
+    };
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("the stream's domain is \"quota\""),
+        "{}",
+        status.message()
+    );
+    // The server still serves.
+    let mut fresh = Stream::open(&server).await;
+    fresh.report("quota", &[("api", 1, 0)]).await;
+    assert_eq!(fresh.next_for("api").await, Given::Tokens(100, 10, 30));
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_expires_every_assignment_and_ends_the_streams() {
+    let mut server = server(fast()).await;
+    let mut stream = Stream::open(&server).await;
+    stream
+        .report("quota", &[("api", 1, 0), ("closed", 1, 0)])
+        .await;
+    assert_eq!(stream.next().await.unwrap().len(), 2);
+    server.trigger_stop();
+    let mut expired = stream.next().await.unwrap();
+    expired.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        expired,
+        [
+            ("api".to_owned(), Given::Tokens(100, 10, 0)),
+            ("closed".to_owned(), Given::DenyAll(0)),
+        ]
+    );
+    // Then the stream ends, so the drain does not wait for it.
+    let end = tokio::time::timeout(Duration::from_secs(10), stream.responses.message()).await;
+    assert!(matches!(end, Ok(Ok(None))), "{end:?}");
+    let task = server.take_task();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}

@@ -25,12 +25,18 @@
 //!   `cli/values.rs` their value parsers; `cli/serve_options.rs`: what they configure):
 //!   the command line (`serve`, `check`, `query`,
 //!   `bench`, `health`, `reset`); `main.rs` wires it.
-//! - `server`: listeners, health probe, reload task, graceful shutdown.
+//! - `server`: listeners, health probe, reload task, graceful shutdown (`server/grpc.rs`: the
+//!   gRPC routes and transport).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
 //!   change state): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/codec.rs`: pre-encoded
 //!   calls): the load generator.
-//! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags.
+//! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags. `rlqs`: the Rate
+//!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/split.rs` a
+//!   rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/registry.rs` the
+//!   streams and their subscriptions, `rlqs/rebalance.rs` the periodic split and the demand
+//!   shared through the store, `rlqs/listing.rs` the buckets on `/config`, `rlqs/service.rs`
+//!   the gRPC stream).
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
 //!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
 //!   `statsd`: the metrics sent to statsd under the reference's stat names; `xds`: rules pushed
@@ -47,7 +53,8 @@
 //!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
 //!   per-second Redis, `storage/redis/library.rs` and its `lua/` what runs there,
 //!   `storage/redis/script.rs` a call to it, `storage/redis/counter.rs` fixed windows as one
-//!   integer per window, `storage/redis/clock.rs` Redis's clock as a replica tracks it), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
+//!   integer per window, `storage/redis/clock.rs` Redis's clock as a replica tracks it, `storage/redis/demand.rs`
+//!   RLQS demand shared by replicas), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
 //!   for known denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as
 //!   served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per
@@ -56,9 +63,9 @@
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
 //!   value; `pb`: generated protobuf code; `metrics`: every metric (`metrics/counters.rs`:
-//!   the per-limit counters the rules hold, and label names); `process`: the `process_*`
-//!   metrics; `telemetry`: logs and traces; `runtime`: the tokio runtimes; `shutdown`:
-//!   signals; `tls`: the gRPC listener's TLS.
+//!   the per-limit counters the rules hold, and label names; `metrics/quota.rs` the RLQS
+//!   ones); `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
+//!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS.
 
 pub mod admin;
 pub mod admission;

@@ -10,27 +10,29 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+mod grpc;
+
+pub use grpc::{GrpcListener, ServerError, grpc_router, grpc_server, tcp_incoming};
+use grpc::{Serving, serve_grpc};
+
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tonic::transport::server::{Router, TcpIncoming};
 
 use crate::admin::writes::AdminWrites;
 use crate::health::{self, Health};
 use crate::limiter::{Modes, RateLimiter};
 use crate::metrics::Metrics;
-use crate::pb::{RateLimitQuotaServiceServer, RateLimitServiceServer};
 use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rlqs::QuotaOptions;
-use crate::rlqs::service::{QuotaService, Quotas};
+use crate::rlqs::service::Quotas;
 use crate::rules::RuleSet;
-use crate::runtime::{self, Flavor, wait_for};
+use crate::runtime::{Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
 use crate::statsd::StatsdOptions;
 use crate::storage::CounterStore;
-use crate::tls::{TlsFiles, TlsIncoming};
+use crate::tls::TlsFiles;
 use crate::xds::XdsOptions;
 
 /// Server settings that are not about counting.
@@ -90,22 +92,6 @@ impl Default for Options {
             serve_before_config: false,
             admin_writes: AdminWrites::OPEN,
             runtime: Flavor::default(),
-        }
-    }
-}
-
-/// Where gRPC is served: a TCP address, or a Unix socket (`--grpc-uds`).
-pub enum GrpcListener {
-    Tcp(TcpListener),
-    Unix(UnixListener),
-}
-
-impl GrpcListener {
-    /// The TCP address (a Unix socket has none).
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        match self {
-            GrpcListener::Tcp(listener) => listener.local_addr(),
-            GrpcListener::Unix(_) => Err(std::io::Error::other("gRPC is on a Unix socket")),
         }
     }
 }
@@ -198,81 +184,6 @@ pub struct BindError {
     // In the message, not a `source`: the one line says it all.
     error: std::io::Error,
 }
-
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    #[error("grpc server: {0}")]
-    Grpc(#[from] tonic::transport::Error),
-    #[error("http server: {0}")]
-    Http(#[from] std::io::Error),
-    #[error("server task: {0}")]
-    Task(#[from] tokio::task::JoinError),
-    #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
-    #[error(transparent)]
-    Runtime(#[from] runtime::RuntimeError),
-    #[error("grpc reflection: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    #[error("--runtime per-core does not serve TLS yet; use --runtime multi-thread")]
-    PerCoreTls,
-    #[error(transparent)]
-    Statsd(#[from] crate::statsd::StatsdError),
-    #[error("--grpc-uds serves plaintext only (a Unix socket stays on the host); drop --tls-cert")]
-    UnixTls,
-}
-
-/// The gRPC routes: RLS v3, RLQS, gRPC health, and server reflection (so that `grpcurl list` and
-/// `grpcurl describe` work without the proto files).
-pub fn grpc_router(
-    service: RlsService,
-    quotas: QuotaService,
-    health_service: tonic_health::pb::health_server::HealthServer<
-        impl tonic_health::pb::health_server::Health,
-    >,
-    max_request_bytes: usize,
-) -> Result<Router, ServerError> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    Ok(grpc_server()
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-        )
-        .add_service(RateLimitQuotaServiceServer::new(quotas)))
-}
-
-/// The gRPC server with tollgate's transport settings; shared with the null-handler server
-/// that benchmarks measure against (examples/null_server.rs), so both run the same transport.
-pub fn grpc_server() -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        // Streams a client may have open on one connection: requests beyond wait on the
-        // client's side (HTTP/2 flow control) instead of piling up in this process.
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-}
-
-/// Accepted gRPC connections, without Nagle's delay: answers are small and latency-bound.
-pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
-/// The connections accepted on a Unix socket.
-fn unix_incoming(
-    listener: UnixListener,
-) -> impl futures_util::Stream<Item = std::io::Result<UnixStream>> {
-    futures_util::stream::unfold(listener, |listener| async move {
-        let accepted = listener.accept().await.map(|(stream, _)| stream);
-        Some((accepted, listener))
-    })
-}
-
-/// HTTP/2 streams per connection. Envoy opens few connections and multiplexes on them, so
-/// this bounds what one client can queue here, with room above the decision slots.
-const MAX_CONCURRENT_STREAMS: u32 = 1_024;
-
-type Serving = JoinHandle<Result<(), ServerError>>;
 
 /// Serves until `shutdown` resolves, then drains (see the module docs).
 pub async fn run(
@@ -399,44 +310,6 @@ fn tls_config(options: &Options) -> Result<Option<(TlsFiles, Arc<ServerConfig>)>
         return Err(ServerError::PerCoreTls);
     }
     Ok(Some((files.clone(), files.server_config()?)))
-}
-
-/// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`.
-fn serve_grpc(
-    router: Router,
-    listener: GrpcListener,
-    tls: Option<(TlsFiles, Arc<ServerConfig>)>,
-    flavor: Flavor,
-    stopped: &watch::Receiver<bool>,
-) -> Serving {
-    let stop = wait_for(stopped.clone());
-    let runtimes = flavor.grpc_runtimes();
-    let listener = match listener {
-        GrpcListener::Tcp(listener) => listener,
-        // Plaintext on the main runtime: a Unix socket is for a sidecar on the same host.
-        GrpcListener::Unix(listener) => {
-            if tls.is_some() {
-                return tokio::spawn(async { Err(ServerError::UnixTls) });
-            }
-            let serving = router.serve_with_incoming_shutdown(unix_incoming(listener), stop);
-            return tokio::spawn(async move { Ok(serving.await?) });
-        }
-    };
-    match tls {
-        Some((files, config)) => {
-            let incoming = TlsIncoming::new(listener, files, config);
-            let serving = router.serve_with_incoming_shutdown(incoming, stop);
-            tokio::spawn(async move { Ok(serving.await?) })
-        }
-        None if runtimes > 1 => {
-            let serving = runtime::serve_grpc(router, listener, runtimes, stopped.clone());
-            tokio::spawn(async move { Ok(serving.await?) })
-        }
-        None => {
-            let serving = router.serve_with_incoming_shutdown(tcp_incoming(listener), stop);
-            tokio::spawn(async move { Ok(serving.await?) })
-        }
-    }
 }
 
 /// Waits for both listeners to finish their in-flight calls, at most `timeout`.

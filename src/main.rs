@@ -3,7 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tollgate::cli::{BenchArgs, Cli, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
+use tollgate::cli::{
+    BenchArgs, Cli, Command, HealthArgs, QueryArgs, QuotaBenchArgs, ResetArgs, ServeArgs,
+};
 use tollgate::runtime::Flavor;
 use tollgate::storage::stack::build_store;
 use tollgate::{bench, config, pb, query, reference_env, server, shutdown, telemetry};
@@ -76,6 +78,7 @@ async fn run(
             ExitCode::from(2)
         })),
         Command::Bench(args) => run_bench(args).await,
+        Command::BenchRlqs(args) => run_bench_rlqs(args).await,
         Command::Health(args) => health(args).await,
         Command::Reset(args) => reset(args).await,
     }
@@ -152,6 +155,16 @@ async fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
 
 async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let report = bench::run(&args).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", report.render());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_bench_rlqs(args: QuotaBenchArgs) -> anyhow::Result<ExitCode> {
+    let report = bench::rlqs::run(&args).await?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

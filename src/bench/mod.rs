@@ -20,6 +20,7 @@ use tonic::client::Grpc;
 use tonic::transport::Channel;
 
 mod codec;
+pub mod rlqs;
 
 use codec::{call, encoded};
 
@@ -358,10 +359,10 @@ async fn open_loop(
 const MAX_OUTSTANDING: usize = 20_000;
 
 /// Linux reports CPU time in clock ticks of 1/100 s (USER_HZ is 100 on every Linux ABI).
-const MICROS_PER_TICK: f64 = 10_000.0;
+pub(crate) const MICROS_PER_TICK: f64 = 10_000.0;
 
 /// utime + stime of `pid`, in clock ticks, from /proc/<pid>/stat.
-fn server_cpu_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn server_cpu_ticks(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may contain spaces; fields resume after its closing parenthesis.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();

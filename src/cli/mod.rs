@@ -14,6 +14,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 pub use crate::bench::BenchArgs;
+pub use crate::bench::rlqs::QuotaBenchArgs;
 use crate::client::ClientArgs;
 use crate::pb;
 use crate::query::{QueryError, parse_descriptor};
@@ -64,6 +65,9 @@ pub enum Command {
     /// Load-test any RLS v3 server, in a closed loop or (--rate) an open loop, and report
     /// decisions/s, latency percentiles and, with --server-pid, its CPU and memory.
     Bench(BenchArgs),
+    /// Load-test an RLQS server with many streams reporting many buckets; report the time
+    /// from a report to its assignment and, with --server-pid, its CPU and memory.
+    BenchRlqs(QuotaBenchArgs),
     /// Reset the counters of a domain's descriptors on a running server (its admin
     /// listener's `POST /reset`): the store forgets them and that replica's deny cache too;
     /// other replicas' deny caches follow within --deny-cache-max-ttl.

@@ -338,3 +338,74 @@ async fn a_graceful_shutdown_expires_every_assignment_and_ends_the_streams() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
+    use tollgate::storage::{Demand, DemandPost};
+    let redis = common::redis_process::RedisServer::start();
+    let clock = tollgate::clock::ManualClock::at_seconds(T2222);
+    let metrics = tollgate::metrics::Metrics::default();
+    let store = redis_store(
+        &redis.url(),
+        tollgate::algorithm::Charge::IfAllowed,
+        &clock,
+        Duration::from_secs(2),
+        &metrics,
+    );
+    let demand = |stream: &str, per_second: Option<f64>| Demand {
+        stream: stream.to_owned(),
+        per_second,
+    };
+    let post = |demands: Vec<Demand>, gone: Vec<String>| {
+        let store = std::sync::Arc::clone(&store);
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let posted = store
+                    .share_demand(&DemandPost {
+                        key: "bucket",
+                        demands: &demands,
+                        gone: &gone,
+                        stale_after: Duration::from_millis(1500),
+                    })
+                    .await;
+                match posted {
+                    Ok(Some(mut all)) => {
+                        all.sort_by(|a, b| a.stream.cmp(&b.stream));
+                        return all;
+                    }
+                    // Connecting in the background.
+                    Err(_) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    };
+    // Replica a posts two streams (one not measured yet), replica b one: both read all three.
+    post(vec![demand("a/1", Some(12.5)), demand("a/2", None)], vec![]).await;
+    let all = post(vec![demand("b/1", Some(40.0))], vec![]).await;
+    assert_eq!(
+        all,
+        [
+            demand("a/1", Some(12.5)),
+            demand("a/2", None),
+            demand("b/1", Some(40.0))
+        ]
+    );
+    // a's stream 2 leaves.
+    let all = post(vec![demand("a/1", Some(10.0))], vec!["a/2".to_owned()]).await;
+    assert_eq!(all, [demand("a/1", Some(10.0)), demand("b/1", Some(40.0))]);
+    // Replica a stops posting: past the stale time, b no longer sees it, and it is deleted.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let all = post(vec![demand("b/1", Some(41.0))], vec![]).await;
+    assert_eq!(all, [demand("b/1", Some(41.0))]);
+    assert_eq!(redis.query(&["HLEN", "bucket"]), "1");
+    // The hash expires with its last stream's stale time, twice over.
+    let ttl: i64 = redis
+        .query(&["PTTL", "bucket"])
+        .parse()
+        .unwrap();
+    assert!((1..=3000).contains(&ttl), "{ttl}");
+}

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use futures_util::StreamExt;
@@ -12,7 +13,7 @@ use tokio::task::JoinHandle;
 
 use super::bucket::BucketKey;
 use super::grant::{self, Grant};
-use super::registry::{self, BucketRef, Registry, StreamId, gauge, send};
+use super::registry::{self, BucketRef, Reach, Registry, StreamId, gauge, send};
 use crate::metrics::{BucketFigures, MAX_BUCKET_LABELS};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::storage::{CounterStore, Demand, DemandPost};
@@ -76,7 +77,7 @@ impl Registry {
                 let idle_after = idle_after.max(subscription.period * 2);
                 let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
                 if idle {
-                    abandoned.push((id, domain.clone(), key.clone()));
+                    abandoned.push((id, domain.clone(), BucketKey::clone(key)));
                 }
                 !idle
             });
@@ -91,9 +92,14 @@ impl Registry {
                 send(&stream.outbox, actions, &self.metrics, "abandon");
             }
         }
-        let mut posts = Vec::with_capacity(state.buckets.len());
+        let shares = self.store_shares.load(Ordering::Relaxed);
+        let mut posts = Vec::with_capacity(if shares { state.buckets.len() } else { 0 });
         let registry::State { streams, buckets } = &mut *state;
         for (at, bucket) in buckets.iter_mut() {
+            if !shares {
+                bucket.gone.clear();
+                continue;
+            }
             let name = |id: &StreamId| format!("{}/{id}", self.replica);
             let demands = bucket
                 .streams
@@ -156,7 +162,10 @@ impl Registry {
                             .map(|d| d.per_second)
                             .collect(),
                     ),
-                    Ok(None) => Some(Vec::new()),
+                    Ok(None) => {
+                        self.store_shares.store(false, Ordering::Relaxed);
+                        Some(Vec::new())
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "RLQS: sharing demand failed; the last known is kept");
                         None
@@ -186,7 +195,7 @@ impl Registry {
             if let (Some(others), Some(bucket)) = (shared.get(at), state.buckets.get_mut(at)) {
                 bucket.others = others.clone();
             }
-            for (id, action) in state.assign(&self.options, &rules, at, now, None) {
+            for (id, action) in state.assign(&self.options, &rules, at, now, Reach::Due) {
                 actions.entry(id).or_default().push(action);
             }
             if labelled {

@@ -39,6 +39,9 @@ pub struct Registry {
     pub(super) metrics: Arc<Metrics>,
     /// Names this replica's streams in a shared store.
     pub(super) replica: String,
+    /// Cleared once the store says it shares nothing (the memory store): demand is then not
+    /// posted at all.
+    pub(super) store_shares: std::sync::atomic::AtomicBool,
     next_stream: AtomicU64,
     state: Mutex<State>,
 }
@@ -57,7 +60,8 @@ pub(super) struct Stream {
     /// Dropped with the stream: tells its reader to stop reading.
     _ended: oneshot::Sender<()>,
     pub(super) domain: Option<String>,
-    pub(super) subscriptions: HashMap<BucketKey, Subscription>,
+    /// Keyed by the bucket's key as its `Bucket` holds it: one copy however many streams.
+    pub(super) subscriptions: HashMap<Arc<BucketKey>, Subscription>,
 }
 
 pub(super) struct Subscription {
@@ -73,6 +77,8 @@ pub(super) struct Subscription {
 /// One bucket as this replica knows it.
 #[derive(Default)]
 pub(super) struct Bucket {
+    /// The bucket's entries, shared by its streams' subscriptions.
+    pub(super) key: Option<Arc<BucketKey>>,
     /// This replica's streams that report it.
     pub(super) streams: Vec<StreamId>,
     /// Streams that stopped reporting it since demand was last shared.
@@ -88,6 +94,7 @@ impl Registry {
             rules,
             metrics,
             replica: replica_name(),
+            store_shares: std::sync::atomic::AtomicBool::new(true),
             next_stream: AtomicU64::new(1),
             state: Mutex::new(State::default()),
         }
@@ -122,7 +129,7 @@ impl Registry {
         self.metrics.quota.streams.dec();
         let domain = stream.domain.unwrap_or_default();
         for key in stream.subscriptions.into_keys() {
-            state.unsubscribe(&(domain.clone(), key), id);
+            state.unsubscribe(&(domain.clone(), BucketKey::clone(&key)), id);
         }
     }
 
@@ -172,15 +179,19 @@ impl Registry {
                 }
                 None => {
                     new.push(key.clone());
-                    stream
-                        .subscriptions
-                        .entry(key.clone())
-                        .or_insert(Subscription {
-                            demand: None,
-                            last_used: now,
-                            period: Duration::ZERO,
-                            sent: None,
-                        })
+                    let bucket = state.buckets.entry((domain.clone(), key.clone())).or_default();
+                    bucket.streams.push(id);
+                    let shared = bucket
+                        .key
+                        .get_or_insert_with(|| Arc::new(key.clone()))
+                        .clone();
+                    let stream = state.streams.get_mut(&id).ok_or_else(closed)?;
+                    stream.subscriptions.entry(shared).or_insert(Subscription {
+                        demand: None,
+                        last_used: now,
+                        period: Duration::ZERO,
+                        sent: None,
+                    })
                 }
             };
             if requests > 0 {
@@ -190,25 +201,19 @@ impl Registry {
                 subscription.period = elapsed;
             }
             subscription.demand = smoothed(subscription.demand, requests, elapsed);
-            if new.last() == Some(&key) {
-                let bucket = state.buckets.entry((domain.clone(), key)).or_default();
-                bucket.streams.push(id);
-            }
         }
-        // A new subscription changes its bucket's split: the newcomer is answered whatever
-        // it gets, the others only if their share moved enough (see `grant::due`).
-        let mut actions: BTreeMap<StreamId, Vec<BucketAction>> = BTreeMap::new();
+        // The newcomer gets its share of the new split at once; the others get theirs at the
+        // next round (telling every stream of a bucket of n streams at each subscription
+        // would cost n² messages as a fleet starts up).
+        let mut actions = Vec::with_capacity(new.len());
         for key in new {
             let at = (domain.clone(), key);
-            for (stream, action) in state.assign(&self.options, &rules, &at, now, Some(id)) {
-                actions.entry(stream).or_default().push(action);
-            }
+            let answer = state.assign(&self.options, &rules, &at, now, Reach::Newcomer(id));
+            actions.extend(answer.into_values());
         }
         self.metrics.quota.buckets.set(gauge(state.buckets.len()));
-        for (stream, actions) in actions {
-            if let Some(stream) = state.streams.get(&stream) {
-                send(&stream.outbox, actions, &self.metrics, "assign");
-            }
+        if let Some(stream) = state.streams.get(&id) {
+            send(&stream.outbox, actions, &self.metrics, "assign");
         }
         Ok(())
     }
@@ -242,15 +247,15 @@ impl State {
         }
     }
 
-    /// The split of one bucket among its streams here; returns the actions due per stream
-    /// (to `answer`, whether due or not) and records them as sent.
+    /// The split of one bucket among its streams here; returns the actions for the streams
+    /// `reach` names, and records them as sent.
     pub(super) fn assign(
         &mut self,
         options: &QuotaOptions,
         rules: &RuleSet,
         at: &BucketRef,
         now: Instant,
-        answer: Option<StreamId>,
+        reach: Reach,
     ) -> BTreeMap<StreamId, BucketAction> {
         let Some(bucket) = self.buckets.get(at) else {
             return BTreeMap::new();
@@ -275,13 +280,26 @@ impl State {
             else {
                 continue;
             };
-            if answer == Some(id) || grant::due(subscription.sent.as_ref(), grant, now, ttl) {
+            let send = match reach {
+                Reach::Newcomer(newcomer) => id == newcomer,
+                Reach::Due => grant::due(subscription.sent.as_ref(), grant, now, ttl),
+            };
+            if send {
                 subscription.sent = Some(Sent { grant, at: now });
                 actions.insert(id, grant::assign(&at.1, grant, ttl));
             }
         }
         actions
     }
+}
+
+/// Which streams of a bucket `State::assign` answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reach {
+    /// Only a stream that just subscribed, whatever it gets.
+    Newcomer(StreamId),
+    /// Every stream whose assignment is due (`grant::due`).
+    Due,
 }
 
 /// What each of this replica's streams gets, given their demands (unknown: the average of

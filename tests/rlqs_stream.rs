@@ -121,13 +121,7 @@ fn given(action: &tollgate::pb::rate_limit_quota_response::BucketAction) -> (Str
         Action::AbandonAction(_) => Given::Abandoned,
         Action::QuotaAssignmentAction(assignment) => {
             let ttl = assignment.assignment_time_to_live.unwrap().seconds;
-            match assignment
-                .rate_limit_strategy
-                .clone()
-                .unwrap()
-                .strategy
-                .unwrap()
-            {
+            match assignment.rate_limit_strategy.unwrap().strategy.unwrap() {
                 Strategy::TokenBucket(bucket) => {
                     assert_eq!(bucket.fill_interval.unwrap().seconds, 1);
                     Given::Tokens(bucket.tokens_per_fill.unwrap(), bucket.max_tokens, ttl)
@@ -275,7 +269,8 @@ async fn a_bucket_unused_for_the_abandon_time_is_abandoned() {
 #[tokio::test]
 async fn reports_that_break_the_protocol_end_the_stream_with_invalid_argument() {
     let server = server(fast()).await;
-    let cases: [(&str, &[(&str, u64, i64)], &str); 2] = [
+    type Usages<'a> = &'a [(&'a str, u64, i64)];
+    let cases: [(&str, Usages<'_>, &str); 2] = [
         ("", &[("api", 1, 0)], "must name its domain"),
         ("quota", &[("", 1, 0)], "must not be empty"),
     ];
@@ -403,9 +398,6 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
     assert_eq!(all, [demand("b/1", Some(41.0))]);
     assert_eq!(redis.query(&["HLEN", "bucket"]), "1");
     // The hash expires with its last stream's stale time, twice over.
-    let ttl: i64 = redis
-        .query(&["PTTL", "bucket"])
-        .parse()
-        .unwrap();
+    let ttl: i64 = redis.query(&["PTTL", "bucket"]).parse().unwrap();
     assert!((1..=3000).contains(&ttl), "{ttl}");
 }

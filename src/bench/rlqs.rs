@@ -255,7 +255,7 @@ impl Stream {
     /// even streams, so that every bucket's split moves.
     fn report(&self, round: u64, elapsed: Duration) -> RateLimitQuotaUsageReports {
         let base = (self.index % 10 + 1) as f64;
-        let factor = if self.index % 2 == 0 && round % 2 == 1 {
+        let factor = if self.index.is_multiple_of(2) && !round.is_multiple_of(2) {
             2.0
         } else {
             1.0

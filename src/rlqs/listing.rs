@@ -14,40 +14,36 @@ impl Registry {
     pub fn describe(&self) -> String {
         let rules = self.rules.load();
         let state = self.state();
-        let mut lines: Vec<String> = state
-            .buckets
-            .iter()
-            .map(|(at, bucket)| {
-                let (quota, path) = bucket::quota(&rules, &at.0, &at.1);
+        let mut lines = Vec::new();
+        for (domain, buckets) in &state.domains {
+            for bucket in buckets.values() {
+                let (quota, path) = bucket::quota(&rules, domain, &bucket.key);
                 let quota = match quota {
                     Quota::AllowAll => "allow all".to_owned(),
                     Quota::DenyAll => "deny all".to_owned(),
                     Quota::Rate { per_second } => format!("{per_second:.3}/s"),
                 };
-                let subscriptions: Vec<_> = bucket
-                    .streams
-                    .iter()
-                    .filter_map(|id| state.streams.get(id)?.subscriptions.get(&at.1))
-                    .collect();
-                let demand: f64 = subscriptions.iter().filter_map(|s| s.demand).fold(0.0, |sum, d| sum + d)
-                    + bucket.others.iter().flatten().fold(0.0, |sum, d| sum + d);
-                let assigned: f64 = subscriptions
-                    .iter()
+                let members = bucket.members.values();
+                let demand: f64 = members
+                    .clone()
+                    .filter_map(|s| s.demand)
+                    .chain(bucket.others.iter().flatten().copied())
+                    .fold(0.0, |sum, d| sum + d);
+                let assigned: f64 = members
                     .map(|s| match s.sent.map(|sent| sent.grant) {
                         Some(Grant::Rate(rate)) => rate,
                         Some(Grant::AllowAll) => f64::INFINITY,
                         _ => 0.0,
                     })
-                    .sum();
-                format!(
-                    "{} {}: rule {}, {quota}, streams {} (all replicas), demand {demand:.3}/s, assigned here {assigned:.3}/s",
-                    at.0,
-                    label(&at.1),
+                    .fold(0.0, |sum, a| sum + a);
+                lines.push(format!(
+                    "{domain} {}: rule {}, {quota}, streams {} (all replicas), demand {demand:.3}/s, assigned here {assigned:.3}/s",
+                    label(&bucket.key),
                     path.as_deref().unwrap_or("none"),
-                    bucket.streams.len() + bucket.others.len(),
-                )
-            })
-            .collect();
+                    bucket.members.len() + bucket.others.len(),
+                ));
+            }
+        }
         lines.sort();
         let mut out = String::new();
         for line in lines {

@@ -2,10 +2,10 @@
 //! through the store (one call per bucket; the memory store shares nothing), split again, and
 //! push the assignments that changed or are due for renewal.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
@@ -53,13 +53,19 @@ impl Registry {
     /// the assignments run out.
     pub fn expire_all(&self) {
         let state = self.state();
-        for stream in state.streams.values() {
-            let actions: Vec<BucketAction> = stream
-                .subscriptions
-                .iter()
-                .filter_map(|(key, s)| Some(grant::assign(key, s.sent?.grant, Default::default())))
-                .collect();
-            send(&stream.outbox, actions, &self.metrics, "expire");
+        let mut actions: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        for bucket in state.domains.values().flat_map(HashMap::values) {
+            for (&id, subscription) in &bucket.members {
+                if let Some(sent) = subscription.sent {
+                    let action = grant::assign(&bucket.key, sent.grant, Duration::ZERO);
+                    actions.entry(id).or_default().push(action);
+                }
+            }
+        }
+        for (id, actions) in actions {
+            if let Some(stream) = state.streams.get(&id) {
+                send(&stream.outbox, actions, &self.metrics, "expire");
+            }
         }
     }
 
@@ -67,69 +73,69 @@ impl Registry {
     /// report periods), and collects each bucket's post.
     fn abandon_idle(&self, now: Instant) -> Vec<Post> {
         let idle_after = self.options.rlqs_abandon_after;
-        let mut state = self.state();
-        let mut abandoned: Vec<(StreamId, String, BucketKey)> = Vec::new();
-        for (&id, stream) in &mut state.streams {
-            let domain = stream.domain.clone().unwrap_or_default();
-            stream.subscriptions.retain(|key, subscription| {
-                // A bucket in use shows it only in the stream's next report: never judge it
-                // idle in less than two of the stream's report periods.
-                let idle_after = idle_after.max(subscription.period * 2);
-                let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
-                if idle {
-                    abandoned.push((id, domain.clone(), BucketKey::clone(key)));
-                }
-                !idle
-            });
-        }
-        let mut actions: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
-        for (id, domain, key) in abandoned {
-            actions.entry(id).or_default().push(grant::abandon(&key));
-            state.unsubscribe(&(domain, key), id);
-        }
-        for (id, actions) in actions {
-            if let Some(stream) = state.streams.get(&id) {
-                send(&stream.outbox, actions, &self.metrics, "abandon");
-            }
-        }
         let shares = self.store_shares.load(Ordering::Relaxed);
-        let mut posts = Vec::with_capacity(if shares { state.buckets.len() } else { 0 });
-        let registry::State { streams, buckets } = &mut *state;
-        for (at, bucket) in buckets.iter_mut() {
-            if !shares {
-                bucket.gone.clear();
-                continue;
-            }
-            let name = |id: &StreamId| format!("{}/{id}", self.replica);
-            let demands = bucket
-                .streams
-                .iter()
-                .filter_map(|id| {
-                    let subscription = streams.get(id)?.subscriptions.get(&at.1)?;
-                    Some(Demand {
+        let mut state = self.state();
+        let registry::State { streams, domains } = &mut *state;
+        let mut abandoned: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        let mut posts = Vec::new();
+        for (domain, buckets) in domains.iter_mut() {
+            for bucket in buckets.values_mut() {
+                let key = &bucket.key;
+                let mut left = Vec::new();
+                bucket.members.retain(|&id, subscription| {
+                    // A bucket in use shows it only in the stream's next report: never judge
+                    // it idle in less than two of the stream's report periods.
+                    let idle_after = idle_after.max(subscription.period * 2);
+                    let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
+                    if idle {
+                        left.push(id);
+                    }
+                    !idle
+                });
+                for id in left {
+                    abandoned.entry(id).or_default().push(grant::abandon(key));
+                    if let Some(stream) = streams.get_mut(&id) {
+                        stream.buckets.remove(key);
+                    }
+                    bucket.gone.push(id);
+                }
+                if !shares {
+                    bucket.gone.clear();
+                    continue;
+                }
+                let name = |id: &StreamId| format!("{}/{id}", self.replica);
+                let demands = bucket
+                    .members
+                    .iter()
+                    .map(|(id, subscription)| Demand {
                         stream: name(id),
                         per_second: subscription.demand,
                     })
-                })
-                .collect();
-            let gone = bucket.gone.drain(..).map(|id| name(&id)).collect();
-            posts.push(Post {
-                at: at.clone(),
-                demands,
-                gone,
+                    .collect();
+                let gone = bucket.gone.drain(..).map(|id| name(&id)).collect();
+                posts.push(Post {
+                    at: (domain.clone(), Arc::clone(key)),
+                    demands,
+                    gone,
+                });
+            }
+        }
+        for (id, actions) in abandoned {
+            if let Some(stream) = streams.get(&id) {
+                send(&stream.outbox, actions, &self.metrics, "abandon");
+            }
+        }
+        for (domain, buckets) in domains.iter_mut() {
+            buckets.retain(|key, bucket| {
+                let keep = !bucket.members.is_empty();
+                if !keep {
+                    self.metrics.quota.remove_bucket(domain, &label(key));
+                }
+                keep
             });
         }
-        let emptied: Vec<BucketRef> = state
-            .buckets
-            .iter()
-            .filter(|(_, bucket)| bucket.streams.is_empty())
-            .map(|(at, _)| at.clone())
-            .collect();
-        for at in emptied {
-            state.buckets.remove(&at);
-            self.metrics.quota.remove_bucket(&at.0, &label(&at.1));
-        }
-        self.metrics.quota.buckets.set(gauge(state.buckets.len()));
+        domains.retain(|_, buckets| !buckets.is_empty());
+        self.metrics.quota.buckets.set(gauge(state.bucket_count()));
         posts
     }
 
@@ -182,18 +188,25 @@ impl Registry {
     }
 
     /// Splits every bucket again and pushes what is due.
-    fn reassign(&self, shared: HashMap<BucketRef, Vec<Option<f64>>>, now: Instant) {
+    fn reassign(&self, mut shared: HashMap<BucketRef, Vec<Option<f64>>>, now: Instant) {
         let rules = self.rules.load();
         let mut state = self.state();
-        let mut actions: BTreeMap<StreamId, Vec<BucketAction>> = BTreeMap::new();
-        let all: Vec<BucketRef> = state.buckets.keys().cloned().collect();
+        let mut actions: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
+        let all: Vec<BucketRef> = state
+            .domains
+            .iter()
+            .flat_map(|(domain, buckets)| {
+                buckets.keys().map(|key| (domain.clone(), Arc::clone(key)))
+            })
+            .collect();
         let labelled = all.len() <= MAX_BUCKET_LABELS;
         if !labelled {
             self.metrics.quota.clear_buckets();
         }
         for at in &all {
-            if let (Some(others), Some(bucket)) = (shared.get(at), state.buckets.get_mut(at)) {
-                bucket.others = others.clone();
+            let bucket = state.domains.get_mut(&at.0).and_then(|b| b.get_mut(&at.1));
+            if let (Some(others), Some(bucket)) = (shared.remove(at), bucket) {
+                bucket.others = others;
             }
             for (id, action) in state.assign(&self.options, &rules, at, now, Reach::Due) {
                 actions.entry(id).or_default().push(action);
@@ -210,18 +223,14 @@ impl Registry {
     }
 
     fn report_bucket(&self, state: &registry::State, at: &BucketRef) {
-        let Some(bucket) = state.buckets.get(at) else {
+        let Some(bucket) = state.domains.get(&at.0).and_then(|b| b.get(&at.1)) else {
             return;
         };
-        let subscriptions = bucket
-            .streams
-            .iter()
-            .filter_map(|id| state.streams.get(id)?.subscriptions.get(&at.1));
         let (mut demand, mut assigned) = (
             bucket.others.iter().flatten().fold(0.0, |sum, d| sum + d),
             0.0,
         );
-        for subscription in subscriptions {
+        for subscription in bucket.members.values() {
             demand += subscription.demand.unwrap_or(0.0);
             assigned += match subscription.sent.map(|s| s.grant) {
                 Some(Grant::Rate(rate)) => rate,
@@ -234,7 +243,7 @@ impl Registry {
             bucket: &label(&at.1),
             demand,
             assigned,
-            streams: bucket.streams.len() + bucket.others.len(),
+            streams: bucket.members.len() + bucket.others.len(),
         });
     }
 }
@@ -249,7 +258,7 @@ pub fn label(key: &BucketKey) -> String {
 /// bytes clients send make a short key of fixed shape.
 fn store_key(at: &BucketRef) -> String {
     let mut digest = Sha256::new();
-    for part in std::iter::once((&at.0, &String::new())).chain(&at.1) {
+    for part in std::iter::once((&at.0, &String::new())).chain(at.1.iter()) {
         for text in [part.0, part.1] {
             digest.update((text.len() as u64).to_be_bytes());
             digest.update(text.as_bytes());

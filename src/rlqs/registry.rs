@@ -3,7 +3,9 @@
 //! assignment it was last sent. A new subscription is answered at once; the rest of the
 //! assignments go out from `rebalance`. A stream's state goes when it closes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, HashSet};
+
+use indexmap::IndexMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -49,21 +51,45 @@ pub struct Registry {
 #[derive(Default)]
 pub(super) struct State {
     pub(super) streams: HashMap<StreamId, Stream>,
-    pub(super) buckets: HashMap<BucketRef, Bucket>,
+    /// Per domain, the buckets this replica's streams report.
+    pub(super) domains: HashMap<String, HashMap<Arc<BucketKey>, Bucket>>,
 }
 
 /// A bucket within its domain.
-pub type BucketRef = (String, BucketKey);
+pub type BucketRef = (String, Arc<BucketKey>);
 
 pub(super) struct Stream {
     pub(super) outbox: Outbox,
     /// Dropped with the stream: tells its reader to stop reading.
     _ended: oneshot::Sender<()>,
     pub(super) domain: Option<String>,
-    /// Keyed by the bucket's key as its `Bucket` holds it: one copy however many streams.
-    pub(super) subscriptions: HashMap<Arc<BucketKey>, Subscription>,
+    /// The buckets it reports (the key as its `Bucket` holds it: one copy for every stream).
+    pub(super) buckets: HashSet<Arc<BucketKey>>,
 }
 
+/// One bucket as this replica knows it: its streams here (each a subscription), and what
+/// the store said of the others.
+pub(super) struct Bucket {
+    pub(super) key: Arc<BucketKey>,
+    pub(super) members: IndexMap<StreamId, Subscription>,
+    /// Streams that stopped reporting it since demand was last shared.
+    pub(super) gone: Vec<StreamId>,
+    /// Other replicas' streams' demands (`None`: not known yet), as last read from the store.
+    pub(super) others: Vec<Option<f64>>,
+}
+
+impl Bucket {
+    fn new(key: BucketKey) -> Self {
+        Self {
+            key: Arc::new(key),
+            members: IndexMap::new(),
+            gone: Vec::new(),
+            others: Vec::new(),
+        }
+    }
+}
+
+/// One stream's subscription to one bucket.
 pub(super) struct Subscription {
     /// Requests per second, smoothed; `None` until a report covers a whole second.
     pub(super) demand: Option<f64>,
@@ -72,19 +98,6 @@ pub(super) struct Subscription {
     /// The time its latest report covered: how often the stream reports.
     pub(super) period: Duration,
     pub(super) sent: Option<Sent>,
-}
-
-/// One bucket as this replica knows it.
-#[derive(Default)]
-pub(super) struct Bucket {
-    /// The bucket's entries, shared by its streams' subscriptions.
-    pub(super) key: Option<Arc<BucketKey>>,
-    /// This replica's streams that report it.
-    pub(super) streams: Vec<StreamId>,
-    /// Streams that stopped reporting it since demand was last shared.
-    pub(super) gone: Vec<StreamId>,
-    /// Other replicas' streams' demands (`None`: not known yet), as last read from the store.
-    pub(super) others: Vec<Option<f64>>,
 }
 
 impl Registry {
@@ -113,7 +126,7 @@ impl Registry {
             outbox,
             _ended: ended,
             domain: None,
-            subscriptions: HashMap::new(),
+            buckets: HashSet::new(),
         };
         self.state().streams.insert(id, stream);
         self.metrics.quota.streams.inc();
@@ -127,9 +140,11 @@ impl Registry {
             return;
         };
         self.metrics.quota.streams.dec();
-        let domain = stream.domain.unwrap_or_default();
-        for key in stream.subscriptions.into_keys() {
-            state.unsubscribe(&(domain.clone(), BucketKey::clone(&key)), id);
+        let Some(domain) = stream.domain else {
+            return;
+        };
+        for key in stream.buckets {
+            state.unsubscribe(&domain, &key, id);
         }
     }
 
@@ -168,32 +183,31 @@ impl Registry {
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
-            let stream = state.streams.get_mut(&id).ok_or_else(closed)?;
-            let count = stream.subscriptions.len();
-            let subscription = match stream.subscriptions.get_mut(&key) {
-                Some(subscription) => subscription,
-                None if count >= MAX_BUCKETS_PER_STREAM => {
+            let State { streams, domains } = &mut *state;
+            let stream = streams.get_mut(&id).ok_or_else(closed)?;
+            let buckets = domains.entry(domain.clone()).or_default();
+            let bucket = match buckets.get_mut(&key) {
+                Some(bucket) => bucket,
+                None => {
+                    let bucket = Bucket::new(key);
+                    buckets.entry(Arc::clone(&bucket.key)).or_insert(bucket)
+                }
+            };
+            if !bucket.members.contains_key(&id) {
+                if stream.buckets.len() >= MAX_BUCKETS_PER_STREAM {
                     return Err(Status::invalid_argument(format!(
                         "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
                     )));
                 }
-                None => {
-                    new.push(key.clone());
-                    let bucket = state.buckets.entry((domain.clone(), key.clone())).or_default();
-                    bucket.streams.push(id);
-                    let shared = bucket
-                        .key
-                        .get_or_insert_with(|| Arc::new(key.clone()))
-                        .clone();
-                    let stream = state.streams.get_mut(&id).ok_or_else(closed)?;
-                    stream.subscriptions.entry(shared).or_insert(Subscription {
-                        demand: None,
-                        last_used: now,
-                        period: Duration::ZERO,
-                        sent: None,
-                    })
-                }
-            };
+                stream.buckets.insert(Arc::clone(&bucket.key));
+                new.push(Arc::clone(&bucket.key));
+            }
+            let subscription = bucket.members.entry(id).or_insert(Subscription {
+                demand: None,
+                last_used: now,
+                period: Duration::ZERO,
+                sent: None,
+            });
             if requests > 0 {
                 subscription.last_used = now;
             }
@@ -209,9 +223,9 @@ impl Registry {
         for key in new {
             let at = (domain.clone(), key);
             let answer = state.assign(&self.options, &rules, &at, now, Reach::Newcomer(id));
-            actions.extend(answer.into_values());
+            actions.extend(answer.into_iter().map(|(_, action)| action));
         }
-        self.metrics.quota.buckets.set(gauge(state.buckets.len()));
+        self.metrics.quota.buckets.set(gauge(state.bucket_count()));
         if let Some(stream) = state.streams.get(&id) {
             send(&stream.outbox, actions, &self.metrics, "assign");
         }
@@ -240,11 +254,18 @@ impl State {
     }
 
     /// Removes a stream from a bucket, remembering it so the store forgets its demand.
-    pub(super) fn unsubscribe(&mut self, at: &BucketRef, id: StreamId) {
-        if let Some(bucket) = self.buckets.get_mut(at) {
-            bucket.streams.retain(|&s| s != id);
+    pub(super) fn unsubscribe(&mut self, domain: &str, key: &BucketKey, id: StreamId) {
+        let bucket = self.domains.get_mut(domain).and_then(|b| b.get_mut(key));
+        if let Some(bucket) = bucket
+            && bucket.members.swap_remove(&id).is_some()
+        {
             bucket.gone.push(id);
         }
+    }
+
+    /// Buckets over every domain.
+    pub(super) fn bucket_count(&self) -> usize {
+        self.domains.values().map(HashMap::len).sum()
     }
 
     /// The split of one bucket among its streams here; returns the actions for the streams
@@ -256,37 +277,23 @@ impl State {
         at: &BucketRef,
         now: Instant,
         reach: Reach,
-    ) -> BTreeMap<StreamId, BucketAction> {
-        let Some(bucket) = self.buckets.get(at) else {
-            return BTreeMap::new();
+    ) -> Vec<(StreamId, BucketAction)> {
+        let Some(bucket) = self.domains.get_mut(&at.0).and_then(|b| b.get_mut(&at.1)) else {
+            return Vec::new();
         };
         let (quota, _) = bucket::quota(rules, &at.0, &at.1);
-        let demands: Vec<Option<f64>> = bucket
-            .streams
-            .iter()
-            .map(|id| {
-                let subscription = self.streams.get(id)?.subscriptions.get(&at.1)?;
-                subscription.demand
-            })
-            .collect();
+        let demands: Vec<Option<f64>> = bucket.members.values().map(|s| s.demand).collect();
         let grants = grants(quota, &demands, &bucket.others, options.rlqs_floor);
         let ttl = options.rlqs_assignment_ttl;
-        let mut actions = BTreeMap::new();
-        for (id, grant) in bucket.streams.clone().into_iter().zip(grants) {
-            let Some(subscription) = self
-                .streams
-                .get_mut(&id)
-                .and_then(|s| s.subscriptions.get_mut(&at.1))
-            else {
-                continue;
-            };
+        let mut actions = Vec::new();
+        for ((&id, subscription), grant) in bucket.members.iter_mut().zip(grants) {
             let send = match reach {
                 Reach::Newcomer(newcomer) => id == newcomer,
                 Reach::Due => grant::due(subscription.sent.as_ref(), grant, now, ttl),
             };
             if send {
                 subscription.sent = Some(Sent { grant, at: now });
-                actions.insert(id, grant::assign(&at.1, grant, ttl));
+                actions.push((id, grant::assign(&at.1, grant, ttl)));
             }
         }
         actions

@@ -45,9 +45,15 @@ fn admitted(seconds: &[Second]) -> f64 {
     seconds.iter().map(|s| s.admitted as f64).sum::<f64>() / seconds.len() as f64
 }
 
-/// The total admitted per second, over `window`, is the limit ± 10%; each Envoy's admitted
-/// rate is within 20% of its share of the limit by demand.
-fn holds(run: &[Vec<Second>], rates: [u32; 3], window: std::ops::Range<usize>, what: &str) {
+/// The total admitted per second, over `window`, is the limit ± 10%; over `fair`, each
+/// Envoy's admitted rate is within 20% of its share of the limit by demand.
+fn holds(
+    run: &[Vec<Second>],
+    rates: [u32; 3],
+    window: std::ops::Range<usize>,
+    fair: std::ops::Range<usize>,
+    what: &str,
+) {
     let table: Vec<Vec<u64>> = run
         .iter()
         .map(|s| s.iter().map(|s| s.admitted).collect())
@@ -62,21 +68,26 @@ fn holds(run: &[Vec<Second>], rates: [u32; 3], window: std::ops::Range<usize>, w
         (mean - LIMIT).abs() <= LIMIT * 0.10,
         "{what}: {mean:.1} admitted per second over seconds {window:?}, not {LIMIT} ± 10%: {totals:?}"
     );
-    for (second, total) in window.clone().zip(&window_total) {
-        // One second's count moves with the machine's scheduling (a request due in one second
-        // answered in the next): each second within ± 20%, their mean within ± 10%.
-        assert!(
-            (*total as f64 - LIMIT).abs() <= LIMIT * 0.20,
-            "{what}: second {second} admitted {total}: {totals:?}"
-        );
-    }
+    // One second's count moves with the machine's scheduling (a request due in one second
+    // answered in the next): every second within ± 20%, all but one in ten within ± 10%.
+    let off = |margin: f64| {
+        window_total
+            .iter()
+            .filter(|&&total| (total as f64 - LIMIT).abs() > LIMIT * margin)
+            .count()
+    };
+    assert_eq!(off(0.20), 0, "{what}: seconds {window:?}: {totals:?}");
+    assert!(
+        off(0.10) * 10 <= window_total.len(),
+        "{what}: seconds {window:?}: {totals:?}"
+    );
     let demand: u32 = rates.iter().sum();
     for (index, (envoy, rate)) in run.iter().zip(rates).enumerate() {
-        let fair = LIMIT * f64::from(rate) / f64::from(demand);
-        let got = admitted(&envoy[window.clone()]);
+        let share = LIMIT * f64::from(rate) / f64::from(demand);
+        let got = admitted(&envoy[fair.clone()]);
         assert!(
-            (got - fair).abs() <= fair * 0.20,
-            "{what}: envoy {index} offered {rate}/s admitted {got:.1}/s, its fair share is {fair:.1}/s"
+            (got - share).abs() <= share * 0.20,
+            "{what}: envoy {index} offered {rate}/s admitted {got:.1}/s, its fair share is {share:.1}/s"
         );
     }
 }
@@ -86,17 +97,15 @@ async fn split_follows_demand(envoys: &[QuotaEnvoy], tollgates: &[SocketAddr]) {
     let reports_before = reports(tollgates).await;
     let started = Instant::now();
     let first = offer_all(envoys, OFFERED, 20).await;
-    // The first periodic report (at 5 s) carries each Envoy's demand; the split by demand is
-    // in force from the next second on.
-    holds(&first, OFFERED, REPORT_EVERY as usize + 2..20, "50/100/200");
+    // Until the first periodic report (at 5 s) demands are unknown and the split is equal;
+    // that report carries each Envoy's demand, and the split by demand is in force from the
+    // round after it.
+    let split_by_demand = REPORT_EVERY as usize + 2..20;
+    holds(&first, OFFERED, 5..20, split_by_demand, "50/100/200");
     let shifted = offer_all(envoys, SHIFTED, 25).await;
-    // Within 3 reporting intervals the split has followed.
-    holds(
-        &shifted,
-        SHIFTED,
-        3 * REPORT_EVERY as usize..25,
-        "shifted to 200/50/50",
-    );
+    // The total holds throughout; within 3 reporting intervals the split has followed.
+    let followed = 3 * REPORT_EVERY as usize..25;
+    holds(&shifted, SHIFTED, 0..25, followed, "shifted to 200/50/50");
 
     let requests: u64 = first
         .iter()
@@ -107,6 +116,10 @@ async fn split_follows_demand(envoys: &[QuotaEnvoy], tollgates: &[SocketAddr]) {
     let reports = reports(tollgates).await - reports_before;
     // One report per interval per Envoy (one bucket), plus each Envoy's first, immediate one.
     let most = envoys.len() as f64 * (started.elapsed().as_secs_f64() / REPORT_EVERY as f64 + 2.0);
+    eprintln!(
+        "{reports} report messages for {requests} requests over {:?}",
+        started.elapsed()
+    );
     assert!(
         reports <= most && reports >= envoys.len() as f64,
         "{reports} report messages for {requests} requests; at most {most:.0} expected"

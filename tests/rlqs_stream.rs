@@ -270,9 +270,11 @@ async fn a_bucket_unused_for_the_abandon_time_is_abandoned() {
 async fn reports_that_break_the_protocol_end_the_stream_with_invalid_argument() {
     let server = server(fast()).await;
     type Usages<'a> = &'a [(&'a str, u64, i64)];
-    let cases: [(&str, Usages<'_>, &str); 2] = [
+    let long = "x".repeat(1_025);
+    let cases: [(&str, Usages<'_>, &str); 3] = [
         ("", &[("api", 1, 0)], "must name its domain"),
         ("quota", &[("", 1, 0)], "must not be empty"),
+        ("quota", &[(long.as_str(), 1, 0)], "at most 1024 bytes"),
     ];
     for (domain, usages, reason) in cases {
         let mut stream = Stream::open(&server).await;
@@ -299,6 +301,13 @@ async fn reports_that_break_the_protocol_end_the_stream_with_invalid_argument() 
         "{}",
         status.message()
     );
+    // A report claiming to cover 2^63 seconds is taken as an hour: no overflow, and the
+    // rounds go on (the stream is still answered after several of them).
+    let mut odd = Stream::open(&server).await;
+    odd.report("quota", &[("api", 1, i64::MAX)]).await;
+    assert_eq!(odd.next_for("api").await, Given::Tokens(100, 10, 30));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(odd);
     // The server still serves.
     let mut fresh = Stream::open(&server).await;
     fresh.report("quota", &[("api", 1, 0)]).await;

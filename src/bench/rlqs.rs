@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use clap::builder::BoolishValueParser;
 use hdrhistogram::Histogram;
 use prost_types::Duration as ProtoDuration;
 use serde::Serialize;
@@ -29,40 +30,40 @@ pub struct QuotaBenchArgs {
     pub server: ClientArgs,
 
     /// The domain every stream names.
-    #[arg(long, default_value = "bench")]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_DOMAIN", default_value = "bench")]
     pub domain: String,
 
     /// Streams (data planes) at once.
-    #[arg(long, default_value_t = 1_000)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_STREAMS", default_value_t = 1_000)]
     pub streams: usize,
 
     /// Buckets each stream reports, `{name: b<n>}`.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_BUCKETS", default_value_t = 100)]
     pub buckets: usize,
 
     /// Each stream reports buckets of its own (`{name: b<n>, stream: <s>}`) instead of the
     /// same ones as every other stream.
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_DISTINCT_BUCKETS", value_parser = BoolishValueParser::new())]
     pub distinct_buckets: bool,
 
     /// HTTP/2 connections the streams share.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_CONNECTIONS", default_value_t = 16)]
     pub connections: usize,
 
     /// How often each stream reports.
-    #[arg(long, default_value = "1s", value_parser = positive_duration)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_INTERVAL", default_value = "1s", value_parser = positive_duration)]
     pub interval: Duration,
 
     /// How long to report once every stream is subscribed.
-    #[arg(long, default_value = "20s", value_parser = positive_duration)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_DURATION", default_value = "20s", value_parser = positive_duration)]
     pub duration: Duration,
 
     /// The server's process id, to report its CPU and memory (from /proc).
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_SERVER_PID")]
     pub server_pid: Option<u32>,
 
     /// Print the report as JSON.
-    #[arg(long)]
+    #[arg(long, env = "TOLLGATE_BENCH_RLQS_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
 }
 

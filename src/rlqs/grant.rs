@@ -4,9 +4,10 @@
 //! bucket at `tokens_per_fill / fill_interval` per second, and keeps its bucket when an
 //! identical one is sent again (only the time to live restarts).
 //!
-//! A rate becomes a token bucket refilled every second (every hour below one request per
-//! second) holding a tenth of a second's worth, at least one token: bursts stay small, so
-//! that the streams' admissions add up to the bucket's rate second by second.
+//! A rate becomes a token bucket refilled every second (every hour or day for slower rates)
+//! with the share rounded down, holding a tenth of a second's worth, at least one token:
+//! bursts stay small, so that the streams' admissions add up to at most the bucket's rate
+//! second by second.
 
 use std::time::{Duration, Instant};
 
@@ -88,16 +89,20 @@ pub fn strategy(grant: Grant) -> RateLimitStrategy {
     }
 }
 
-/// `per_second` as whole tokens per whole-second refill: per second, or per hour below one
-/// a second (Envoy ignores a change of `fill_interval` alone, so the two never share a
-/// token count).
+/// `per_second` as whole tokens per whole-second refill: per second, else per hour, else per
+/// day, rounded down, so that the streams' shares never add up to more than the bucket's rate
+/// (at the cost of up to one request per refill each). The one exception: a share under one
+/// request a day is given one a day, the least a token bucket can give. Envoy ignores a
+/// change of `fill_interval` alone, so two tiers never share a token count.
 fn token_bucket(per_second: f64) -> TokenBucket {
-    let (seconds, tokens) = if per_second >= 1.0 {
-        (1, per_second.round())
-    } else {
-        (3600, (per_second * 3600.0).round())
-    };
-    let tokens = tokens.clamp(1.0, f64::from(u32::MAX)) as u32;
+    let (seconds, tokens) = [1, 3_600, 86_400]
+        .into_iter()
+        // The epsilon keeps an exact share (50 of 100) from being floored a request short by
+        // the split's floating-point arithmetic.
+        .map(|seconds| (seconds, (per_second * seconds as f64 + 1e-6).floor()))
+        .find(|&(_, tokens)| tokens >= 1.0)
+        .unwrap_or((86_400, 1.0));
+    let tokens = tokens.min(f64::from(u32::MAX)) as u32;
     let burst = (per_second * BURST_SECONDS)
         .ceil()
         .clamp(1.0, f64::from(u32::MAX)) as u32;
@@ -138,10 +143,14 @@ mod tests {
             ),
             other => panic!("a token bucket, not {other:?}"),
         };
+        // Rounded down: 14.29 + 28.57 + 57.14 = 100 becomes 14 + 28 + 57.
         assert_eq!(bucket(57.14), (6, Some(57), Some((1, 0))));
+        assert_eq!(bucket(28.57), (3, Some(28), Some((1, 0))));
         assert_eq!(bucket(1.0), (1, Some(1), Some((1, 0))));
         assert_eq!(bucket(0.5), (1, Some(1800), Some((3600, 0))));
-        assert_eq!(bucket(0.0001), (1, Some(1), Some((3600, 0))));
+        // 10 a day among 5 streams: 2 a day each, not one an hour.
+        assert_eq!(bucket(2.0 / 86_400.0), (1, Some(2), Some((86_400, 0))));
+        assert_eq!(bucket(1e-9), (1, Some(1), Some((86_400, 0))));
     }
 
     #[test]

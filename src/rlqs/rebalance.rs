@@ -85,7 +85,7 @@ impl Registry {
                 bucket.members.retain(|&id, subscription| {
                     // A bucket in use shows it only in the stream's next report: never judge
                     // it idle in less than two of the stream's report periods.
-                    let idle_after = idle_after.max(subscription.period * 2);
+                    let idle_after = idle_after.max(subscription.period.saturating_mul(2));
                     let idle = now.saturating_duration_since(subscription.last_used) >= idle_after;
                     if idle {
                         left.push(id);
@@ -112,7 +112,14 @@ impl Registry {
                         per_second: subscription.demand,
                     })
                     .collect();
-                let gone = bucket.gone.drain(..).map(|id| name(&id)).collect();
+                // A stream that left and came back since the last post is not gone.
+                let members = &bucket.members;
+                let gone = bucket
+                    .gone
+                    .drain(..)
+                    .filter(|id| !members.contains_key(id))
+                    .map(|id| name(&id))
+                    .collect();
                 posts.push(Post {
                     at: (domain.clone(), Arc::clone(key)),
                     demands,
@@ -180,8 +187,12 @@ impl Registry {
                 (post.at, others)
             }
         });
+        // A Redis that does not answer must not hold the round up past the renewals: what has
+        // not answered by half an interval keeps its last known demand.
+        let deadline = tokio::time::sleep(self.options.rlqs_interval / 2);
         futures_util::stream::iter(calls)
             .buffer_unordered(SHARING_CONCURRENCY)
+            .take_until(deadline)
             .filter_map(|(at, others)| async move { others.map(|o| (at, o)) })
             .collect()
             .await
@@ -248,9 +259,19 @@ impl Registry {
     }
 }
 
-/// A bucket's entries as `key=value` joined by `,`, in key order (metrics, listings).
+/// A bucket's entries as `key=value` joined by `,`, in key order (metrics, listings), with
+/// `\`, `,` and `=` inside keys and values escaped by `\`, so that two buckets never share
+/// a label.
 pub fn label(key: &BucketKey) -> String {
-    let entries: Vec<String> = key.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let escape = |text: &str| {
+        text.replace('\\', "\\\\")
+            .replace(',', "\\,")
+            .replace('=', "\\=")
+    };
+    let entries: Vec<String> = key
+        .iter()
+        .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
+        .collect();
     entries.join(",")
 }
 

@@ -31,9 +31,13 @@ pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
 /// How much a new report weighs against the demand already known.
 const SMOOTHING: f64 = 0.7;
 
-/// Most buckets one stream may report, and most entries in one bucket.
+/// Most buckets one stream may report, most entries in one bucket, longest key or value.
 pub const MAX_BUCKETS_PER_STREAM: usize = 100_000;
 pub const MAX_BUCKET_ENTRIES: usize = 64;
+pub const MAX_ENTRY_BYTES: usize = 1_024;
+
+/// Longest time one report is taken to cover.
+const MAX_ELAPSED: Duration = Duration::from_secs(3_600);
 
 pub struct Registry {
     pub(super) options: QuotaOptions,
@@ -148,12 +152,16 @@ impl Registry {
         }
     }
 
-    /// Ends a stream that broke the protocol with `status`.
+    /// Ends a stream that broke the protocol with `status`, sent after whatever its outbox
+    /// holds (the send waits for room, or for the client to go).
     pub fn refuse(&self, id: StreamId, status: Status) {
-        if let Some(stream) = self.state().streams.get(&id) {
-            let _ = stream.outbox.try_send(Err(status));
-        }
+        let outbox = self.state().streams.get(&id).map(|s| s.outbox.clone());
         self.close(id);
+        if let Some(outbox) = outbox {
+            tokio::spawn(async move {
+                let _ = outbox.send(Err(status)).await;
+            });
+        }
     }
 
     /// Ends every stream (shutdown): their response streams finish once drained.
@@ -174,12 +182,7 @@ impl Registry {
         let mut new = Vec::new();
         for usage in reports.bucket_quota_usages {
             let key = bucket_key(usage.bucket_id.map(|b| b.bucket))?;
-            let elapsed = usage.time_elapsed.map_or(Duration::ZERO, |d| {
-                Duration::new(
-                    d.seconds.max(0).unsigned_abs(),
-                    d.nanos.max(0).unsigned_abs(),
-                )
-            });
+            let elapsed = usage.time_elapsed.map_or(Duration::ZERO, elapsed);
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
@@ -354,7 +357,16 @@ fn smoothed(known: Option<f64>, requests: u64, elapsed: Duration) -> Option<f64>
     })
 }
 
-/// A bucket's entries, checked: at least one, none empty, at most `MAX_BUCKET_ENTRIES`.
+/// The time a report covers, at most `MAX_ELAPSED` (anything longer says nothing more about
+/// a rate, and would overflow the arithmetic that uses it); negative is zero.
+fn elapsed(duration: prost_types::Duration) -> Duration {
+    let seconds = u64::try_from(duration.seconds).unwrap_or(0);
+    let nanos = u32::try_from(duration.nanos).unwrap_or(0).min(999_999_999);
+    Duration::new(seconds.min(MAX_ELAPSED.as_secs()), nanos).min(MAX_ELAPSED)
+}
+
+/// A bucket's entries, checked: at least one, none empty, at most `MAX_BUCKET_ENTRIES`, each
+/// key and value at most `MAX_ENTRY_BYTES`.
 fn bucket_key(entries: Option<HashMap<String, String>>) -> Result<BucketKey, Status> {
     let entries = entries.unwrap_or_default();
     if entries.is_empty() || entries.len() > MAX_BUCKET_ENTRIES {
@@ -367,6 +379,14 @@ fn bucket_key(entries: Option<HashMap<String, String>>) -> Result<BucketKey, Sta
         return Err(Status::invalid_argument(
             "bucket_id keys and values must not be empty",
         ));
+    }
+    if entries
+        .iter()
+        .any(|(k, v)| k.len() > MAX_ENTRY_BYTES || v.len() > MAX_ENTRY_BYTES)
+    {
+        return Err(Status::invalid_argument(format!(
+            "bucket_id keys and values are at most {MAX_ENTRY_BYTES} bytes"
+        )));
     }
     Ok(entries.into_iter().collect())
 }

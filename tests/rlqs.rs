@@ -206,7 +206,7 @@ async fn a_stopped_tollgate_lets_envoy_fall_back_and_a_restarted_one_limits_agai
 
     // Restarted: Envoy opens its stream again at its next report and reports the bucket,
     // which is answered at once; within 3 intervals the limit holds again.
-    let restarted = Replica::spawn_on(config, grpc, &[]);
+    let restarted = Replica::spawn_on(config, grpc, &["--rlqs-assignment-ttl", "4s"]);
     restarted.wait_ready().await;
     let back = offer(envoy.port, 200, 20, "").await;
     eprintln!("after the restart: {back:?}");
@@ -216,6 +216,14 @@ async fn a_stopped_tollgate_lets_envoy_fall_back_and_a_restarted_one_limits_agai
     assert!(limited_from <= 3 * REPORT_EVERY as usize, "{back:?}");
     let after = mean(&back[3 * REPORT_EVERY as usize..]);
     assert!((after - LIMIT).abs() <= LIMIT * 0.1, "{back:?}");
+
+    // Killed (no goodbye): Envoy applies its assignment until its time to live (4 s, renewed
+    // every 2 s, so 2 to 4 s left) runs out, then the expired-assignment behaviour.
+    drop(restarted);
+    let killed = offer(envoy.port, 200, 8, "").await;
+    eprintln!("after the kill: {killed:?}");
+    assert!(killed[0].admitted <= 115, "{killed:?}");
+    assert!(killed[5..].iter().all(|s| s.refused == 0), "{killed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -104,9 +104,14 @@ pub async fn start_envoy_edited(
     let config = envoy_config(ports, dir, tls);
     let text = std::fs::read_to_string(&config).unwrap();
     std::fs::write(&config, edit(text)).unwrap();
+    run_envoy(&config, ports.admin).await
+}
+
+/// Envoy on `config`, once its admin listener on `admin` says ready (at most 60 s).
+pub async fn run_envoy(config: &Path, admin: u16) -> ChildGuard {
     let child = Command::new(envoy_binary())
         .arg("-c")
-        .arg(&config)
+        .arg(config)
         .args(["--use-dynamic-base-id", "--log-level", "warn"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -115,10 +120,10 @@ pub async fn start_envoy_edited(
     let envoy = ChildGuard(child);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let up = tokio::net::TcpStream::connect(loopback(ports.admin))
+        let up = tokio::net::TcpStream::connect(loopback(admin))
             .await
             .is_ok()
-            && get(loopback(ports.admin), "/ready", &[]).await.status == 200;
+            && get(loopback(admin), "/ready", &[]).await.status == 200;
         if up {
             return envoy;
         }

@@ -4,13 +4,12 @@
 
 use std::io::ErrorKind;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::envoy::{envoy_binary, loopback};
+use super::envoy::{loopback, run_envoy};
 use super::*;
 
 /// One Envoy: its ingress port and the process.
@@ -44,30 +43,11 @@ pub async fn start_quota_envoy(dir: &Path, tollgates: &[u16]) -> QuotaEnvoy {
     }
     let config = dir.join(format!("envoy-{port}.yaml"));
     std::fs::write(&config, text).unwrap();
-    let child = Command::new(envoy_binary())
-        .arg("-c")
-        .arg(&config)
-        .args(["--use-dynamic-base-id", "--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn envoy");
-    let envoy = QuotaEnvoy {
+    QuotaEnvoy {
         port,
         admin,
-        _process: ChildGuard(child),
-    };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let up = TcpStream::connect(loopback(admin)).await.is_ok()
-            && get(loopback(admin), "/ready", &[]).await.status == 200;
-        if up {
-            break;
-        }
-        assert!(Instant::now() < deadline, "envoy never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        _process: run_envoy(&config, admin).await,
     }
-    envoy
 }
 
 /// Requests admitted (200) and refused (429) in each second of an offered load.

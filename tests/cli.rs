@@ -215,14 +215,15 @@ async fn health_exits_0_when_serving_and_1_when_nothing_answers() {
 
 #[test]
 fn serve_refuses_to_start_with_unreadable_tls_files() {
+    // Port 0: the system picks free ports, so no other test can take them first.
     let output = run(&[
         "serve",
         "--config",
         "examples/config",
         "--grpc-addr",
-        &format!("127.0.0.1:{}", free_port()),
+        "127.0.0.1:0",
         "--http-addr",
-        &format!("127.0.0.1:{}", free_port()),
+        "127.0.0.1:0",
         "--tls-cert",
         "/nonexistent/server.crt",
         "--tls-key",

@@ -21,23 +21,36 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local stale = tonumber(ARGV[1])
 local posted = tonumber(ARGV[3])
+-- Fields are written and deleted a batch per command (one command per field would cost
+-- Redis more than the rest of the call), in batches that Lua's unpack can take.
+local function each_batch(command, items)
+  for first = 1, #items, 1000 do
+    redis.call(command, KEYS[1], unpack(items, first, math.min(first + 999, #items)))
+  end
+end
+local written = {}
 for i = 0, posted - 1 do
-  redis.call('HSET', KEYS[1], ARGV[4 + 2 * i], ARGV[5 + 2 * i] .. ' ' .. now)
+  written[#written + 1] = ARGV[4 + 2 * i]
+  written[#written + 1] = ARGV[5 + 2 * i] .. ' ' .. now
 end
+each_batch('HSET', written)
+local gone = {}
 for i = 4 + 2 * posted, #ARGV do
-  redis.call('HDEL', KEYS[1], ARGV[i])
+  gone[#gone + 1] = ARGV[i]
 end
+each_batch('HDEL', gone)
 local fields = redis.call('HGETALL', KEYS[1])
-local live = {}
+local live, stale_fields = {}, {}
 for i = 1, #fields, 2 do
   local demand, at = string.match(fields[i + 1], '^(%S+) (%d+)$')
   if at and now - tonumber(at) <= stale then
     live[#live + 1] = fields[i]
     live[#live + 1] = demand
   else
-    redis.call('HDEL', KEYS[1], fields[i])
+    stale_fields[#stale_fields + 1] = fields[i]
   end
 end
+each_batch('HDEL', stale_fields)
 if #live > 0 then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end

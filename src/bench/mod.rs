@@ -115,6 +115,19 @@ pub struct Percentiles {
     pub max: u64,
 }
 
+impl Percentiles {
+    pub fn of(histogram: &Histogram<u64>) -> Self {
+        let at = |q| histogram.value_at_quantile(q);
+        Self {
+            p50: at(0.5),
+            p90: at(0.9),
+            p99: at(0.99),
+            p999: at(0.999),
+            max: histogram.max(),
+        }
+    }
+}
+
 /// A tally of calls.
 struct Tally {
     latency: Histogram<u64>,
@@ -255,7 +268,6 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     let cpu_after = args.server_pid.and_then(server_cpu_ticks);
     let seconds = args.duration.as_secs_f64();
     let answered = total.ok + total.over_limit;
-    let at = |q: f64| total.latency.value_at_quantile(q);
     Ok(Report {
         seconds,
         decisions_per_second: answered as f64 / seconds,
@@ -265,13 +277,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
         unsent: total.unsent,
         errors: total.errors,
         first_error: total.first_error.clone(),
-        latency_us: Percentiles {
-            p50: at(0.5),
-            p90: at(0.9),
-            p99: at(0.99),
-            p999: at(0.999),
-            max: total.latency.max(),
-        },
+        latency_us: Percentiles::of(&total.latency),
         server_cpu_us_per_decision: cpu_before.zip(cpu_after).and_then(|(before, after)| {
             (answered > 0).then(|| (after - before) as f64 * MICROS_PER_TICK / answered as f64)
         }),

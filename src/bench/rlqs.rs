@@ -146,8 +146,8 @@ pub async fn run(args: &QuotaBenchArgs) -> anyhow::Result<QuotaReport> {
         subscriptions,
         seconds,
         reports_sent: reports,
-        subscribe_us: percentiles(&subscribe),
-        report_to_assignment_us: percentiles(&reassign),
+        subscribe_us: Percentiles::of(&subscribe),
+        report_to_assignment_us: Percentiles::of(&reassign),
         server_cores: cores,
         server_cpu_us_per_stream_second: cores.map(|c| c * 1e6 / args.streams.max(1) as f64),
         server_cpu_ns_per_subscription_second: cores.map(|c| c * 1e9 / subscriptions.max(1) as f64),
@@ -294,17 +294,6 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros())
         .unwrap_or(u64::MAX)
         .max(1)
-}
-
-fn percentiles(histogram: &Histogram<u64>) -> Percentiles {
-    let at = |q| histogram.value_at_quantile(q);
-    Percentiles {
-        p50: at(0.5),
-        p90: at(0.9),
-        p99: at(0.99),
-        p999: at(0.999),
-        max: histogram.max(),
-    }
 }
 
 impl QuotaReport {

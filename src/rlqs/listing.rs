@@ -4,7 +4,6 @@
 use std::fmt::Write as _;
 
 use super::bucket::{self, Quota};
-use super::grant::Grant;
 use super::rebalance::label;
 use super::registry::Registry;
 
@@ -23,24 +22,11 @@ impl Registry {
                     Quota::DenyAll => "deny all".to_owned(),
                     Quota::Rate { per_second } => format!("{per_second:.3}/s"),
                 };
-                let members = bucket.members.values();
-                let demand: f64 = members
-                    .clone()
-                    .filter_map(|s| s.demand)
-                    .chain(bucket.others.iter().flatten().copied())
-                    .fold(0.0, |sum, d| sum + d);
-                let assigned: f64 = members
-                    .map(|s| match s.sent.map(|sent| sent.grant) {
-                        Some(Grant::Rate(rate)) => rate,
-                        Some(Grant::AllowAll) => f64::INFINITY,
-                        _ => 0.0,
-                    })
-                    .fold(0.0, |sum, a| sum + a);
+                let (demand, assigned, streams) = bucket.figures();
                 lines.push(format!(
-                    "{domain} {}: rule {}, {quota}, streams {} (all replicas), demand {demand:.3}/s, assigned here {assigned:.3}/s",
+                    "{domain} {}: rule {}, {quota}, streams {streams} (all replicas), demand {demand:.3}/s, assigned here {assigned:.3}/s",
                     label(&bucket.key),
                     path.as_deref().unwrap_or("none"),
-                    bucket.members.len() + bucket.others.len(),
                 ));
             }
         }

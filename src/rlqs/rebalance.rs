@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tokio::task::JoinHandle;
 
 use super::bucket::BucketKey;
-use super::grant::{self, Grant};
+use super::grant;
 use super::registry::{self, BucketRef, Reach, Registry, StreamId, gauge, send};
 use crate::metrics::{BucketFigures, MAX_BUCKET_LABELS};
 use crate::pb::rate_limit_quota_response::BucketAction;
@@ -237,24 +237,13 @@ impl Registry {
         let Some(bucket) = state.domains.get(&at.0).and_then(|b| b.get(&at.1)) else {
             return;
         };
-        let (mut demand, mut assigned) = (
-            bucket.others.iter().flatten().fold(0.0, |sum, d| sum + d),
-            0.0,
-        );
-        for subscription in bucket.members.values() {
-            demand += subscription.demand.unwrap_or(0.0);
-            assigned += match subscription.sent.map(|s| s.grant) {
-                Some(Grant::Rate(rate)) => rate,
-                Some(Grant::AllowAll) => f64::INFINITY,
-                Some(Grant::DenyAll) | None => 0.0,
-            };
-        }
+        let (demand, assigned, streams) = bucket.figures();
         self.metrics.quota.set_bucket(&BucketFigures {
             domain: &at.0,
             bucket: &label(&at.1),
             demand,
             assigned,
-            streams: bucket.members.len() + bucket.others.len(),
+            streams,
         });
     }
 }

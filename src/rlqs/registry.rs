@@ -83,6 +83,25 @@ pub(super) struct Bucket {
 }
 
 impl Bucket {
+    /// Requests per second offered by every replica's streams, assigned to this replica's
+    /// (infinite: allow all), and the streams reporting it, every replica's.
+    pub(super) fn figures(&self) -> (f64, f64, usize) {
+        let members = self.members.values();
+        let demand = members
+            .clone()
+            .filter_map(|s| s.demand)
+            .chain(self.others.iter().flatten().copied())
+            .fold(0.0, |sum, d| sum + d);
+        let assigned = members
+            .map(|s| match s.sent.map(|sent| sent.grant) {
+                Some(Grant::Rate(rate)) => rate,
+                Some(Grant::AllowAll) => f64::INFINITY,
+                Some(Grant::DenyAll) | None => 0.0,
+            })
+            .fold(0.0, |sum, a| sum + a);
+        (demand, assigned, self.members.len() + self.others.len())
+    }
+
     fn new(key: BucketKey) -> Self {
         Self {
             key: Arc::new(key),

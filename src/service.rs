@@ -8,7 +8,7 @@ use clap::builder::BoolishValueParser;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::admission::{Admission, Overloaded};
+use crate::admission::{Admission, Admitted, Overloaded};
 use crate::clock::{Micros, whole_seconds_up};
 use crate::descriptor::{self, InputLimits, RequestError};
 use crate::dynamic_metadata;
@@ -166,14 +166,34 @@ impl RlsService {
         }
     }
 
-    /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
-    /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
+    /// The gRPC service: RLS v3 behind admission, so that a request refused for overload is
+    /// never read.
+    pub fn grpc(self, max_request_bytes: usize) -> Admitted<pb::RateLimitServiceServer<Self>> {
+        let admission = Arc::clone(&self.admission);
+        let metrics = Arc::clone(&self.metrics);
+        let server =
+            pb::RateLimitServiceServer::new(self).max_decoding_message_size(max_request_bytes);
+        Admitted::new(server, admission, metrics)
+    }
+
+    /// Takes an admission slot, then answers one request (`POST /json`; gRPC is admitted
+    /// before it is read, by [`RlsService::grpc`]).
     pub async fn answer(
         &self,
         request: pb::RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
         let _slot = self.admission.enter().await?;
+        self.decide(request, deadline).await
+    }
+
+    /// Validates, decides and encodes one admitted request. A `deadline` (the client's gRPC
+    /// timeout) bounds the decision, store call included.
+    async fn decide(
+        &self,
+        request: pb::RateLimitRequest,
+        deadline: Option<Duration>,
+    ) -> Result<pb::RateLimitResponse, Error> {
         let options = &*self.options;
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = options.dynamic_metadata.then(|| request.clone());
@@ -290,7 +310,7 @@ impl pb::RateLimitService for RlsService {
         span.record("descriptors", request.descriptors.len());
         let started = Instant::now();
         let answer = self
-            .answer(request, deadline)
+            .decide(request, deadline)
             .instrument(span.clone())
             .await
             .map_err(Status::from);

@@ -14,31 +14,42 @@ use tollgate::service::ServiceOptions;
 
 const LIMITS: &str = "domain: o\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn beyond_max_in_flight_requests_are_shed_with_resource_exhausted() {
-    let server = start_with(
+/// A server on Redis with 2 decision slots, requests of at most 1 KiB.
+async fn two_slot_server() -> TestServer {
+    let mut service = ServiceOptions {
+        max_in_flight: 2,
+        max_queue_time: Duration::from_millis(100),
+        ..ServiceOptions::default()
+    };
+    service.input_limits.max_request_bytes = 1_024;
+    start_with(
         &[("o.yaml", LIMITS)],
         Setup {
             store: StoreKind::Redis,
             store_timeout: Duration::from_secs(10),
             options: Options {
-                service: ServiceOptions {
-                    max_in_flight: 2,
-                    max_queue_time: Duration::from_millis(100),
-                    ..ServiceOptions::default()
-                },
+                service,
                 ..Options::default()
             },
             ..Setup::default()
         },
     )
-    .await;
+    .await
+}
+
+/// Stalls the server's Redis for `pause`: every store call waits for it to end.
+fn stall(server: &TestServer, pause: Duration) {
     let Backing::Redis(redis) = &server.backing else {
         panic!("a Redis test");
     };
-    // Stall the store: every call waits for the pause to end.
-    let pause = Duration::from_millis(2_000);
     redis.query(&["CLIENT", "PAUSE", &pause.as_millis().to_string(), "ALL"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_max_in_flight_requests_are_shed_with_resource_exhausted() {
+    let server = two_slot_server().await;
+    let pause = Duration::from_millis(2_000);
+    stall(&server, pause);
     let started = Instant::now();
     let client = server.client().await;
     let calls = (0..20).map(|i| {
@@ -75,4 +86,46 @@ async fn beyond_max_in_flight_requests_are_shed_with_resource_exhausted() {
     );
     let status = answers.iter().find_map(|(a, _)| a.as_ref().err()).unwrap();
     assert!(status.message().contains("overloaded"), "{status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_overload_is_never_read() {
+    let server = two_slot_server().await;
+    let mut client = server.client().await;
+    // Too large to decode: read, it fails with OUT_OF_RANGE.
+    let oversized = request("o", &[&[("user", &"x".repeat(2_048))]]);
+    let read = client.should_rate_limit(oversized.clone()).await;
+    assert_eq!(read.unwrap_err().code(), tonic::Code::OutOfRange);
+
+    // Both slots busy on a stalled store, both waiting places taken.
+    let pause = Duration::from_millis(2_000);
+    stall(&server, pause);
+    let busy = (0..4).map(|i| {
+        let mut client = client.clone();
+        async move {
+            let answer = client
+                .should_rate_limit(request("o", &[&[("user", &format!("u{i}"))]]))
+                .await;
+            answer
+                .map(|r| r.into_inner().overall_code)
+                .map_err(|s| s.code() as i32)
+        }
+    });
+    let busy = tokio::spawn(futures_util::future::join_all(busy));
+    // By then the first two hold the slots (the store answers them after the pause) and the
+    // waiting ones were refused, so the oversized request waits, if at all, for no slot.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let refused = client.should_rate_limit(oversized).await.unwrap_err();
+    // Refused before its body was decoded: RESOURCE_EXHAUSTED, not OUT_OF_RANGE, at once.
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < pause / 2, "{:?}", started.elapsed());
+    let mut busy = busy.await.unwrap();
+    busy.sort();
+    let exhausted = Err(tonic::Code::ResourceExhausted as i32);
+    assert_eq!(busy, [Ok(OK), Ok(OK), exhausted, exhausted]);
 }

@@ -10,7 +10,7 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tonic::transport::server::{Router, TcpIncoming};
 
-use crate::pb::{RateLimitQuotaServiceServer, RateLimitServiceServer};
+use crate::pb::RateLimitQuotaServiceServer;
 use crate::rlqs::service::QuotaService;
 use crate::runtime::{self, Flavor, wait_for};
 use crate::service::RlsService;
@@ -74,9 +74,7 @@ pub fn grpc_router(
     Ok(grpc_server()
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(
-            RateLimitServiceServer::new(service).max_decoding_message_size(max_request_bytes),
-        )
+        .add_service(service.grpc(max_request_bytes))
         .add_service(RateLimitQuotaServiceServer::new(quotas)))
 }
 

@@ -240,6 +240,24 @@ impl Call<'_> {
         }
     }
 
+    /// lua/counter.lua's mode: `distinct` where every hit has its own counter, all declared as
+    /// keys of one slot, and denied hits consume nothing; there the counters are counted
+    /// first and what the decision refuses is undone, without reading them all first.
+    fn count_mode_name(&self) -> &'static str {
+        let distinct = |(index, hit): (usize, &Hit)| {
+            self.hits[..index].iter().all(|other| other.key != hit.key)
+        };
+        let counted_first = matches!(self.mode, Mode::Apply)
+            && self.charge != Charge::Always
+            && self.node.is_none()
+            && self.hits.iter().enumerate().all(distinct);
+        if counted_first {
+            "distinct"
+        } else {
+            self.mode_name()
+        }
+    }
+
     fn flag(on: bool) -> &'static str {
         if on { "1" } else { "0" }
     }
@@ -263,7 +281,7 @@ impl Call<'_> {
             return;
         }
         command
-            .arg(self.mode_name())
+            .arg(self.count_mode_name())
             .arg(Self::flag(self.charge == Charge::Always))
             .arg(Self::flag(self.complete))
             .arg(self.hits.len());

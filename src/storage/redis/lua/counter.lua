@@ -9,7 +9,9 @@
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once);
 --           or none, for a call across the slots of one node (keys then follow the hits).
 -- One hit alone (the common call) has its own short arguments: see apply_one.
--- ARGV[1]   "apply", or "refund" (give back hits a committed call consumed).
+-- ARGV[1]   "apply", "distinct" (an apply whose counters are all different and whose denied
+--           hits consume nothing: see apply_distinct), or "refund" (give back hits a
+--           committed call consumed).
 -- ARGV[2]   "1" with --count-denied (denied hits consume too), else "0".
 -- ARGV[3]   "1" when these are all the hits of the request (the whole veto rule applies
 --           here), else "0" (see apply.lua).
@@ -22,7 +24,8 @@
 --           the hit (after the hits before it in this call)}, and for one hit alone the
 --           integer count * 2 + committed; for "refund", {1, then per hit its counter's count
 --           after the refund}.
--- Writes    only after every counter is read, except for one hit alone, which is one slot.
+-- Writes    only after every counter is read, except for one hit alone and "distinct", whose
+--           keys share one slot: they count first and undo what the decision refuses.
 
 -- Numbers passed to redis.call are formatted here: Lua's own conversion writes numbers past
 -- 10^14 in exponent notation.
@@ -112,6 +115,55 @@ local function refund(keys, ARGV, count)
   return out
 end
 
+-- Several hits on different counters (one request's descriptors), --count-denied off: each
+-- counted first, as one hit alone is, which saves reading them all before; then the veto
+-- rule, and what it refuses undone (every hit of a call that commits nothing, or a denied hit
+-- of one that commits). With all different counters, each hit sees the count it would have
+-- seen read first, so the outcome is the general path's.
+local function apply_distinct(keys, ARGV, n, complete)
+  local allowed, out, denied = {}, { 1 }, false
+  for i = 1, n do
+    local base = 5 * i
+    local limit, amount = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
+    if limit == nil or amount == nil then
+      return redis.error_reply('ERR tollgate: malformed hit ' .. i)
+    end
+    local before
+    if amount == 0 then
+      before = count_of(keys[i])
+      allowed[i] = before + 1 <= limit
+    else
+      local after = redis.call('INCRBY', keys[i], ARGV[base + 1])
+      if after == amount then
+        redis.call('PEXPIRE', keys[i], ARGV[base + 2])
+      end
+      before = after - amount
+      allowed[i] = after <= limit
+    end
+    denied = denied or not allowed[i]
+    out[i + 1] = before
+  end
+  -- Every hit allowed (nearly every call): nothing to veto or undo.
+  if not denied then
+    return out
+  end
+  local vetoed = vetoes(ARGV, n, allowed, 5, 5, 3, 4, complete)
+  if vetoed then
+    out[1] = 0
+  end
+  for i = 1, n do
+    local amount = ARGV[5 * i + 1]
+    if tonumber(amount) > 0 and (vetoed or not allowed[i]) then
+      if out[i + 1] == 0 then
+        redis.call('DEL', keys[i])
+      else
+        redis.call('DECRBY', keys[i], amount)
+      end
+    end
+  end
+  return out
+end
+
 local function count(KEYS, ARGV)
   if #ARGV == 4 then
     return apply_one(KEYS[1], ARGV)
@@ -131,6 +183,9 @@ local function count(KEYS, ARGV)
   end
   if mode == 'refund' then
     return refund(keys, ARGV, n)
+  end
+  if mode == 'distinct' and not keys_in_argv then
+    return apply_distinct(keys, ARGV, n, complete)
   end
 
   -- Every counter read first (declared keys share a slot, so one MGET reads them all; a

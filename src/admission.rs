@@ -50,25 +50,31 @@ impl Admission {
     }
 
     /// A slot, held until the returned permit drops.
-    pub async fn enter(&self) -> Result<OwnedSemaphorePermit, Overloaded> {
-        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
-            return Ok(permit);
+    pub async fn enter(self: &Arc<Self>) -> Result<OwnedSemaphorePermit, Overloaded> {
+        match self.try_enter() {
+            Some(slot) => Ok(slot),
+            None => self.join_queue()?.slot().await,
         }
-        let overloaded = || Overloaded {
-            in_flight: self.max_in_flight,
-            queue_time: self.max_queue_time,
-        };
+    }
+
+    /// A slot at once, if one is free.
+    fn try_enter(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.slots).try_acquire_owned().ok()
+    }
+
+    /// A place among the requests waiting for a slot, unless `max_in_flight` wait already.
+    fn join_queue(self: &Arc<Self>) -> Result<Queued, Overloaded> {
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(overloaded());
+            return Err(self.overloaded());
         }
-        let waited =
-            tokio::time::timeout(self.max_queue_time, Arc::clone(&self.slots).acquire_owned())
-                .await;
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
-        match waited {
-            Ok(Ok(permit)) => Ok(permit),
-            _ => Err(overloaded()),
+        Ok(Queued(Arc::clone(self)))
+    }
+
+    fn overloaded(&self) -> Overloaded {
+        Overloaded {
+            in_flight: self.max_in_flight,
+            queue_time: self.max_queue_time,
         }
     }
 }
@@ -79,9 +85,32 @@ impl Default for Admission {
     }
 }
 
+/// A request waiting for a slot. It stops counting as waiting when dropped, whether it got a
+/// slot, timed out, or its caller gave up (a call the client cancelled): a count left behind
+/// would refuse a request for good.
+struct Queued(Arc<Admission>);
+
+impl Queued {
+    async fn slot(self) -> Result<OwnedSemaphorePermit, Overloaded> {
+        let admission = &self.0;
+        let free = Arc::clone(&admission.slots).acquire_owned();
+        match tokio::time::timeout(admission.max_queue_time, free).await {
+            Ok(Ok(slot)) => Ok(slot),
+            _ => Err(admission.overloaded()),
+        }
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A gRPC service whose every call takes an admission slot before the service sees it, and
 /// holds it until the service has answered; a call without a slot is answered
-/// RESOURCE_EXHAUSTED at once, its body never read.
+/// RESOURCE_EXHAUSTED, its body never read. It also times every call for the decision
+/// histogram, the wait for a slot included.
 #[derive(Clone)]
 pub struct Admitted<S> {
     inner: S,
@@ -99,42 +128,155 @@ impl<S> Admitted<S> {
     }
 }
 
+type Answer = Result<http::Response<Body>, Infallible>;
+
+/// The RESOURCE_EXHAUSTED answer, counted.
+fn refusal(metrics: &Metrics, overloaded: &Overloaded, waited: Duration) -> Answer {
+    metrics.observe_decision(waited);
+    metrics.count_request(tonic::Code::ResourceExhausted);
+    Ok(tonic::Status::resource_exhausted(overloaded.to_string()).into_http())
+}
+
 impl<S> Service<http::Request<Body>> for Admitted<S>
 where
     S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
         + Clone
         + Send
         + 'static,
-    S::Future: Send + 'static,
+    S::Future: Unpin + Send + 'static,
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future = AdmittedFuture<S::Future>;
 
     fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(context)
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let started = Instant::now();
+        let metrics = Arc::clone(&self.metrics);
+        // Nearly every call: a slot is free, and nothing is allocated for admission.
+        if let Some(slot) = self.admission.try_enter() {
+            return AdmittedFuture::Admitted {
+                answer: self.inner.call(request),
+                slot,
+                started,
+                metrics,
+            };
+        }
+        let queued = match self.admission.join_queue() {
+            Ok(queued) => queued,
+            Err(overloaded) => {
+                return AdmittedFuture::Refused(Some(refusal(
+                    &metrics,
+                    &overloaded,
+                    Duration::ZERO,
+                )));
+            }
+        };
         // The clone is ready too (generated gRPC services always are); the original stays
         // with the connection for the next call.
         let mut inner = self.inner.clone();
-        let admission = Arc::clone(&self.admission);
-        let metrics = Arc::clone(&self.metrics);
-        Box::pin(async move {
-            let arrived = Instant::now();
-            match admission.enter().await {
-                Ok(_slot) => inner.call(request).await,
-                Err(overloaded) => {
-                    metrics.observe_decision(arrived.elapsed());
-                    metrics.count_request(tonic::Code::ResourceExhausted);
-                    Ok(tonic::Status::resource_exhausted(overloaded.to_string()).into_http())
+        AdmittedFuture::Queued(Box::pin(async move {
+            match queued.slot().await {
+                Ok(_slot) => {
+                    let answer = inner.call(request).await;
+                    metrics.observe_decision(started.elapsed());
+                    answer
                 }
+                Err(overloaded) => refusal(&metrics, &overloaded, started.elapsed()),
             }
-        })
+        }))
+    }
+}
+
+/// The answer to an admitted call.
+pub enum AdmittedFuture<F> {
+    /// Admitted at once: the service's answer, its slot held until then.
+    Admitted {
+        answer: F,
+        slot: OwnedSemaphorePermit,
+        started: Instant,
+        metrics: Arc<Metrics>,
+    },
+    /// Waiting for a slot (only when every slot is busy).
+    Queued(Pin<Box<dyn Future<Output = Answer> + Send>>),
+    /// Refused at once; taken when polled.
+    Refused(Option<Answer>),
+}
+
+impl<F: Future<Output = Answer> + Unpin> Future for AdmittedFuture<F> {
+    type Output = Answer;
+
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Answer> {
+        match self.get_mut() {
+            AdmittedFuture::Admitted {
+                answer,
+                slot: _,
+                started,
+                metrics,
+            } => {
+                let answer = std::task::ready!(Pin::new(answer).poll(context));
+                metrics.observe_decision(started.elapsed());
+                Poll::Ready(answer)
+            }
+            AdmittedFuture::Queued(queued) => queued.as_mut().poll(context),
+            AdmittedFuture::Refused(answer) => Poll::Ready(
+                answer
+                    .take()
+                    .unwrap_or_else(|| Ok(http::Response::default())),
+            ),
+        }
     }
 }
 
 impl<S: NamedService> NamedService for Admitted<S> {
     const NAME: &'static str = S::NAME;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_that_gives_up_waiting_leaves_its_place_in_the_queue() {
+        let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
+        let busy = admission.enter().await.unwrap();
+        // The one place in the queue, taken by a caller that gives up (a cancelled call).
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), admission.enter()).await;
+        assert!(gave_up.is_err());
+
+        let next = tokio::spawn({
+            let admission = Arc::clone(&admission);
+            async move { admission.enter().await.is_ok() }
+        });
+        // Long enough for `next` to find no free slot and queue (or, were the place still
+        // counted as taken, be refused).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(busy);
+        assert!(
+            next.await.unwrap(),
+            "refused: the queue place was never given back"
+        );
+    }
+
+    #[tokio::test]
+    async fn beyond_max_in_flight_waiting_a_request_is_refused_at_once() {
+        let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
+        let _busy = admission.enter().await.unwrap();
+        let waiting = tokio::spawn({
+            let admission = Arc::clone(&admission);
+            async move { admission.enter().await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let refused = admission.enter().await.unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "overloaded: 1 decisions in flight and no slot within 30s"
+        );
+        waiting.abort();
+    }
 }

@@ -2,7 +2,7 @@
 //! `tonic::Status`. Nothing else happens here.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use tonic::{Request, Response, Status};
@@ -308,13 +308,12 @@ impl pb::RateLimitService for RlsService {
         let request = request.into_inner();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
-        let started = Instant::now();
+        // Timed by `Admitted`, the wait for a slot included.
         let answer = self
             .decide(request, deadline)
             .instrument(span.clone())
             .await
             .map_err(Status::from);
-        self.metrics.observe_decision(started.elapsed());
         let code = match &answer {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),

@@ -3,17 +3,17 @@
 //! with RESOURCE_EXHAUSTED. Beyond capacity, admitted requests keep a bounded latency and the
 //! process a bounded memory, instead of every request slowing down together.
 //!
-//! On gRPC, admission comes before the request is read ([`Admitted`]): a refusal costs no
-//! decoding, no tracing span and no limiter work, so the CPU a saturated process spends on
-//! the excess stays small and the admitted throughput holds near capacity.
+//! On gRPC, a request that would be refused at once is refused before it is read
+//! ([`Admitted`]): such a refusal costs no decoding, no tracing span and no limiter work.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Ready, ready};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use futures_util::future::Either;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::body::Body;
@@ -55,6 +55,14 @@ impl Admission {
             Some(slot) => Ok(slot),
             None => self.join_queue()?.slot().await,
         }
+    }
+
+    /// Why a request arriving now would be refused without waiting, if it would: no slot
+    /// free and `max_in_flight` requests waiting already.
+    pub fn refuses_at_once(&self) -> Option<Overloaded> {
+        let full = self.slots.available_permits() == 0
+            && self.waiting.load(Ordering::Acquire) >= self.max_in_flight;
+        full.then(|| self.overloaded())
     }
 
     /// A slot at once, if one is free.
@@ -107,10 +115,11 @@ impl Drop for Queued {
     }
 }
 
-/// A gRPC service whose every call takes an admission slot before the service sees it, and
-/// holds it until the service has answered; a call without a slot is answered
-/// RESOURCE_EXHAUSTED, its body never read. It also times every call for the decision
-/// histogram, the wait for a slot included.
+/// A gRPC service in front of which a call is refused with RESOURCE_EXHAUSTED, its body never
+/// read, when the service would refuse it anyway: every slot busy and `max_in_flight`
+/// requests waiting. Any other call goes on to the service, which takes its slot once the
+/// request is read (`Admission::enter`): a client that sends headers and never the end of
+/// its request must not hold a slot.
 #[derive(Clone)]
 pub struct Admitted<S> {
     inner: S,
@@ -130,103 +139,29 @@ impl<S> Admitted<S> {
 
 type Answer = Result<http::Response<Body>, Infallible>;
 
-/// The RESOURCE_EXHAUSTED answer, counted.
-fn refusal(metrics: &Metrics, overloaded: &Overloaded, waited: Duration) -> Answer {
-    metrics.observe_decision(waited);
-    metrics.count_request(tonic::Code::ResourceExhausted);
-    Ok(tonic::Status::resource_exhausted(overloaded.to_string()).into_http())
-}
-
 impl<S> Service<http::Request<Body>> for Admitted<S>
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Unpin + Send + 'static,
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
-    type Future = AdmittedFuture<S::Future>;
+    type Future = Either<S::Future, Ready<Answer>>;
 
     fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(context)
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let started = Instant::now();
-        let metrics = Arc::clone(&self.metrics);
-        // Nearly every call: a slot is free, and nothing is allocated for admission.
-        if let Some(slot) = self.admission.try_enter() {
-            return AdmittedFuture::Admitted {
-                answer: self.inner.call(request),
-                slot,
-                started,
-                metrics,
-            };
-        }
-        let queued = match self.admission.join_queue() {
-            Ok(queued) => queued,
-            Err(overloaded) => {
-                return AdmittedFuture::Refused(Some(refusal(
-                    &metrics,
-                    &overloaded,
-                    Duration::ZERO,
-                )));
+        match self.admission.refuses_at_once() {
+            None => Either::Left(self.inner.call(request)),
+            Some(overloaded) => {
+                // Counted as the service counts its own refusals, and observed as answered
+                // at once, so the decision histogram still counts every answered request.
+                self.metrics.observe_decision(Duration::ZERO);
+                self.metrics.count_request(tonic::Code::ResourceExhausted);
+                let refusal = tonic::Status::resource_exhausted(overloaded.to_string());
+                Either::Right(ready(Ok(refusal.into_http())))
             }
-        };
-        // The clone is ready too (generated gRPC services always are); the original stays
-        // with the connection for the next call.
-        let mut inner = self.inner.clone();
-        AdmittedFuture::Queued(Box::pin(async move {
-            match queued.slot().await {
-                Ok(_slot) => {
-                    let answer = inner.call(request).await;
-                    metrics.observe_decision(started.elapsed());
-                    answer
-                }
-                Err(overloaded) => refusal(&metrics, &overloaded, started.elapsed()),
-            }
-        }))
-    }
-}
-
-/// The answer to an admitted call.
-pub enum AdmittedFuture<F> {
-    /// Admitted at once: the service's answer, its slot held until then.
-    Admitted {
-        answer: F,
-        slot: OwnedSemaphorePermit,
-        started: Instant,
-        metrics: Arc<Metrics>,
-    },
-    /// Waiting for a slot (only when every slot is busy).
-    Queued(Pin<Box<dyn Future<Output = Answer> + Send>>),
-    /// Refused at once; taken when polled.
-    Refused(Option<Answer>),
-}
-
-impl<F: Future<Output = Answer> + Unpin> Future for AdmittedFuture<F> {
-    type Output = Answer;
-
-    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<Answer> {
-        match self.get_mut() {
-            AdmittedFuture::Admitted {
-                answer,
-                slot: _,
-                started,
-                metrics,
-            } => {
-                let answer = std::task::ready!(Pin::new(answer).poll(context));
-                metrics.observe_decision(started.elapsed());
-                Poll::Ready(answer)
-            }
-            AdmittedFuture::Queued(queued) => queued.as_mut().poll(context),
-            AdmittedFuture::Refused(answer) => Poll::Ready(
-                answer
-                    .take()
-                    .unwrap_or_else(|| Ok(http::Response::default())),
-            ),
         }
     }
 }
@@ -266,12 +201,16 @@ mod tests {
     #[tokio::test]
     async fn beyond_max_in_flight_waiting_a_request_is_refused_at_once() {
         let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
+        assert!(admission.refuses_at_once().is_none());
         let _busy = admission.enter().await.unwrap();
+        // A slot busy, but room in the queue.
+        assert!(admission.refuses_at_once().is_none());
         let waiting = tokio::spawn({
             let admission = Arc::clone(&admission);
             async move { admission.enter().await.is_ok() }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(admission.refuses_at_once().is_some());
         let refused = admission.enter().await.unwrap_err();
         assert_eq!(
             refused.to_string(),

@@ -2,7 +2,7 @@
 //! `tonic::Status`. Nothing else happens here.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::builder::BoolishValueParser;
 use tonic::{Request, Response, Status};
@@ -166,8 +166,8 @@ impl RlsService {
         }
     }
 
-    /// The gRPC service: RLS v3 behind admission, so that a request refused for overload is
-    /// never read.
+    /// The gRPC service: RLS v3 behind `Admitted`, so that a request the queue has no room
+    /// for is refused before it is read.
     pub fn grpc(self, max_request_bytes: usize) -> Admitted<pb::RateLimitServiceServer<Self>> {
         let admission = Arc::clone(&self.admission);
         let metrics = Arc::clone(&self.metrics);
@@ -176,8 +176,8 @@ impl RlsService {
         Admitted::new(server, admission, metrics)
     }
 
-    /// Takes an admission slot, then answers one request (`POST /json`; gRPC is admitted
-    /// before it is read, by [`RlsService::grpc`]).
+    /// Takes an admission slot, then validates, decides and encodes one request; shared by
+    /// gRPC and `POST /json`.
     pub async fn answer(
         &self,
         request: pb::RateLimitRequest,
@@ -308,12 +308,13 @@ impl pb::RateLimitService for RlsService {
         let request = request.into_inner();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
-        // Timed by `Admitted`, the wait for a slot included.
+        let started = Instant::now();
         let answer = self
-            .decide(request, deadline)
+            .answer(request, deadline)
             .instrument(span.clone())
             .await
             .map_err(Status::from);
+        self.metrics.observe_decision(started.elapsed());
         let code = match &answer {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),

@@ -241,8 +241,8 @@ impl Call<'_> {
     }
 
     /// lua/counter.lua's mode: `distinct` where every hit has its own counter, all declared as
-    /// keys of one slot, and denied hits consume nothing; there the counters are counted
-    /// first and what the decision refuses is undone, without reading them all first.
+    /// keys of one slot, and denied hits consume nothing; there each hit's count is simply
+    /// what was read, and Redis keeps no per-counter bookkeeping.
     fn count_mode_name(&self) -> &'static str {
         let distinct = |(index, hit): (usize, &Hit)| {
             self.hits[..index].iter().all(|other| other.key != hit.key)

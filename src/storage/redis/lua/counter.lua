@@ -24,8 +24,7 @@
 --           the hit (after the hits before it in this call)}, and for one hit alone the
 --           integer count * 2 + committed; for "refund", {1, then per hit its counter's count
 --           after the refund}.
--- Writes    only after every counter is read, except for one hit alone and "distinct", whose
---           keys share one slot: they count first and undo what the decision refuses.
+-- Writes    only after every counter is read, except for one hit alone, which is one slot.
 
 -- Numbers passed to redis.call are formatted here: Lua's own conversion writes numbers past
 -- 10^14 in exponent notation.
@@ -115,49 +114,34 @@ local function refund(keys, ARGV, count)
   return out
 end
 
--- Several hits on different counters (one request's descriptors), --count-denied off: each
--- counted first, as one hit alone is, which saves reading them all before; then the veto
--- rule, and what it refuses undone (every hit of a call that commits nothing, or a denied hit
--- of one that commits). With all different counters, each hit sees the count it would have
--- seen read first, so the outcome is the general path's.
+-- Several hits on different counters (one request's descriptors), --count-denied off. As in
+-- the general path below, every counter is read (one MGET) before any is written, and a call
+-- that commits nothing writes nothing; but with no counter twice, each hit's count is what
+-- was read, so the bookkeeping is by position, and an allowed hit is counted by INCRBY (with
+-- its expiry when the counter is new) rather than a SET of a formatted number.
 local function apply_distinct(keys, ARGV, n, complete)
+  local found = redis.call('MGET', unpack(keys))
   local allowed, out, denied = {}, { 1 }, false
   for i = 1, n do
     local base = 5 * i
-    local limit, amount = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
-    if limit == nil or amount == nil then
-      return redis.error_reply('ERR tollgate: malformed hit ' .. i)
+    local limit, amount, before = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(found[i] or 0)
+    if limit == nil or amount == nil or before == nil then
+      return redis.error_reply('ERR tollgate: malformed hit or counter ' .. i)
     end
-    local before
-    if amount == 0 then
-      before = count_of(keys[i])
-      allowed[i] = before + 1 <= limit
-    else
-      local after = redis.call('INCRBY', keys[i], ARGV[base + 1])
-      if after == amount then
-        redis.call('PEXPIRE', keys[i], ARGV[base + 2])
-      end
-      before = after - amount
-      allowed[i] = after <= limit
-    end
+    allowed[i] = before + math.max(amount, 1) <= limit
     denied = denied or not allowed[i]
     out[i + 1] = before
   end
-  -- Every hit allowed (nearly every call): nothing to veto or undo.
-  if not denied then
-    return out
-  end
-  local vetoed = vetoes(ARGV, n, allowed, 5, 5, 3, 4, complete)
-  if vetoed then
+  if denied and vetoes(ARGV, n, allowed, 5, 5, 3, 4, complete) then
     out[1] = 0
+    return out
   end
   for i = 1, n do
     local amount = ARGV[5 * i + 1]
-    if tonumber(amount) > 0 and (vetoed or not allowed[i]) then
-      if out[i + 1] == 0 then
-        redis.call('DEL', keys[i])
-      else
-        redis.call('DECRBY', keys[i], amount)
+    if allowed[i] and tonumber(amount) > 0 then
+      redis.call('INCRBY', keys[i], amount)
+      if not found[i] then
+        redis.call('PEXPIRE', keys[i], ARGV[5 * i + 2])
       end
     end
   end

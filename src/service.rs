@@ -176,24 +176,14 @@ impl RlsService {
         Admitted::new(server, admission, metrics)
     }
 
-    /// Takes an admission slot, then validates, decides and encodes one request; shared by
-    /// gRPC and `POST /json`.
+    /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
+    /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
     pub async fn answer(
         &self,
         request: pb::RateLimitRequest,
         deadline: Option<Duration>,
     ) -> Result<pb::RateLimitResponse, Error> {
         let _slot = self.admission.enter().await?;
-        self.decide(request, deadline).await
-    }
-
-    /// Validates, decides and encodes one admitted request. A `deadline` (the client's gRPC
-    /// timeout) bounds the decision, store call included.
-    async fn decide(
-        &self,
-        request: pb::RateLimitRequest,
-        deadline: Option<Duration>,
-    ) -> Result<pb::RateLimitResponse, Error> {
         let options = &*self.options;
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = options.dynamic_metadata.then(|| request.clone());

@@ -53,10 +53,11 @@
 //!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
 //!   per-second Redis, `storage/redis/library.rs` and its `lua/` what runs there,
 //!   `storage/redis/script.rs` a call to it, `storage/redis/counter.rs` fixed windows as one
-//!   integer per window, `storage/redis/clock.rs` Redis's clock as a replica tracks it, `storage/redis/demand.rs`
-//!   RLQS demand shared by replicas), `storage/guard.rs` (timeout and circuit breaker), `storage/deny_cache.rs` (local answers
-//!   for known denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as
-//!   served).
+//!   integer per window, `storage/redis/found.rs` a lone hit decided from the state Redis
+//!   found, `storage/redis/clock.rs` Redis's clock as a replica tracks it,
+//!   `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs` (timeout
+//!   and circuit breaker), `storage/deny_cache.rs` (local answers for known denials),
+//!   `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:

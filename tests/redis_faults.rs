@@ -19,6 +19,14 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
 "#;
 
+/// A burst of 3, refilled at one every six minutes: no refill during a test.
+const BUCKET: &str = r#"
+domain: bucket
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 10, algorithm: gcra, burst: 3}
+"#;
+
 const STORE_TIMEOUT: Duration = Duration::from_millis(100);
 /// What the issue promises beyond the store timeout.
 const ANSWER_MARGIN: Duration = Duration::from_millis(20);
@@ -557,7 +565,7 @@ async fn a_redis_user_refused_functions_gets_the_same_decisions_by_script() {
         "-fcall",
         "-fcall_ro",
     ]);
-    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let config = config_dir(&[("faults.yaml", LIMITS), ("bucket.yaml", BUCKET)]);
     let store = redis.url().replace("redis://", "redis://scripts:secret@");
     let replica = Replica::spawn(config.path(), &["--store", &store]);
     replica.wait_ready().await;
@@ -589,6 +597,18 @@ async fn a_redis_user_refused_functions_gets_the_same_decisions_by_script() {
             (over, 0)
         ]
     );
+    // Another algorithm alone in its request: the script answers the state it found, and
+    // tollgate works out the outcome from it.
+    let mut bucket = Vec::new();
+    for _ in 0..4 {
+        let response = client
+            .should_rate_limit(request("bucket", &[&[("user", "scripted")]]))
+            .await
+            .unwrap()
+            .into_inner();
+        bucket.push((response.overall_code, response.statuses[0].limit_remaining));
+    }
+    assert_eq!(bucket, [(ok, 2), (ok, 1), (ok, 0), (over, 0)]);
     assert_eq!(redis.calls("fcall"), 0, "FCALL is refused to this user");
     // The ten admitted hits reached Redis (the deny cache may answer the denied ones).
     assert!(

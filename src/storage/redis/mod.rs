@@ -16,12 +16,14 @@
 //! Files: `url.rs` (where Redis is), `connection.rs` (a single server or a cluster behind one
 //! type, and the error classification), `slots.rs` (the slot map and the grouping),
 //! `library.rs` with `lua/` (the counter code on the server), `script.rs` (a call to it),
-//! `counter.rs` (fixed windows as one integer per window), `clock.rs` (Redis's clock, tracked).
+//! `counter.rs` (fixed windows as one integer per window), `found.rs` (one hit alone, decided
+//! from the state Redis found), `clock.rs` (Redis's clock, tracked).
 
 mod clock;
 mod connection;
 mod counter;
 mod demand;
+mod found;
 pub mod library;
 pub mod per_second;
 pub mod refund;

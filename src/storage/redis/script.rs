@@ -9,6 +9,7 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use redis::{Cmd, RedisError, RedisResult, Value};
 
 use super::counter::{self, is_counter};
+use super::found;
 use super::library::{self, Entry};
 use crate::algorithm::{Charge, Outcome, Refund};
 use crate::clock::{Clock, Micros, SystemClock};
@@ -121,6 +122,13 @@ impl Call<'_> {
             }
             self.run_script(to, entry, cross_slot, instant).await?
         };
+        if let Some(hit) = self.lone_hit_found() {
+            return found::general_reply(hit, &raw, instant, self.charge, self.complete).map_err(
+                |error| {
+                    RedisError::from((redis::ErrorKind::Parse, "counter reply", error.to_string()))
+                },
+            );
+        }
         // The count entry answers one hit alone with one integer.
         let values = match raw {
             Value::Int(packed) => vec![packed],
@@ -197,6 +205,17 @@ impl Call<'_> {
         }
     }
 
+    /// The hit of a call that goes by `found.rs`: one hit alone, applied, declared as a key,
+    /// of an algorithm whose state is a few numbers.
+    fn lone_hit_found(&self) -> Option<&Hit> {
+        match (self.hits, self.mode, self.node) {
+            ([hit], Mode::Apply, None) if !is_counter(&hit.params) && found::takes(&hit.params) => {
+                Some(hit)
+            }
+            _ => None,
+        }
+    }
+
     fn entry(&self) -> Entry {
         if !self.hits.is_empty() && self.hits.iter().all(|hit| is_counter(&hit.params)) {
             Entry::Count
@@ -267,10 +286,9 @@ impl Call<'_> {
         let slack = self.slack_ms(instant);
         let ttl = |hit: &Hit| counter::ttl_ms(&hit.params, instant, slack);
         if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node) {
-            let denial = match (self.charge, hit.role) {
-                (Charge::Always, _) => "c",
-                (_, Role::Enforced) => "v",
-                (_, Role::Quota) if self.complete => "v",
+            let denial = match self.charge {
+                Charge::Always => "c",
+                _ if found::denial_vetoes(hit.role, self.complete) => "v",
                 _ => "u",
             };
             command
@@ -297,6 +315,21 @@ impl Call<'_> {
 
     /// lua/apply.lua's arguments.
     fn apply_args(&self, command: &mut Cmd, instant: Micros) {
+        if let Some(hit) = self.lone_hit_found() {
+            let params = &hit.params;
+            let tick = found::tick(params);
+            command
+                .arg(params.algorithm.key_tag())
+                .arg(instant / tick)
+                .arg(params.requests)
+                .arg((params.window / tick).max(1))
+                .arg(params.algorithm.parameter_in_ticks(tick))
+                .arg(hit.hits)
+                .arg(Self::flag(self.charge == Charge::Always))
+                .arg(tick)
+                .arg(self.slack_ms(instant));
+            return;
+        }
         command
             .arg(self.mode_name())
             .arg(instant)
@@ -306,7 +339,7 @@ impl Call<'_> {
             .arg(self.slack_ms(instant));
         for (index, hit) in self.hits.iter().enumerate() {
             let params = &hit.params;
-            let tick = params.tick().unwrap_or(1_000_000);
+            let tick = found::tick(params);
             let tag = if is_counter(params) {
                 "fixed_count"
             } else {

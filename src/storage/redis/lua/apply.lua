@@ -38,20 +38,31 @@
 -- call (a sliding log's can hold thousands: more than one call can take).
 local FORMATS = { '%d', '%d %d', '%d %d %d' }
 
-local function read_state(key)
-  local raw = redis.call('GET', key)
-  if not raw then
-    return false
-  end
-  local a, b, rest = string.match(raw, '^(%d+) (%d+)(.*)$')
-  if a and rest == '' then
+-- The usual states, two or three numbers, are taken apart by one match each; a sliding log's
+-- number by number.
+local function parse_state(raw)
+  local a, b = string.match(raw, '^(%d+) (%d+)$')
+  if a then
     return { tonumber(a), tonumber(b) }
+  end
+  local c
+  a, b, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  if a then
+    return { tonumber(a), tonumber(b), tonumber(c) }
   end
   local state = {}
   for number in string.gmatch(raw, '%d+') do
     state[#state + 1] = tonumber(number)
   end
   return state
+end
+
+local function read_state(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return false
+  end
+  return parse_state(raw)
 end
 
 local function encode(state)
@@ -67,45 +78,47 @@ local function encode(state)
 end
 
 
--- One hit alone, the common call: no per-hit tables, no veto bookkeeping (a single hit is
--- vetoed only when denied, and then consumes nothing anyway). Answers as apply does.
-local function apply_one(key, ARGV, now, slack, charge, complete)
-  local algorithm = ALGORITHMS[ARGV[7]]
-  local limit, window_us, tick = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local parameter, amount, role = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
+-- One hit alone, the common call, when its state is a few numbers (every algorithm but the
+-- sliding log, whose state can be thousands): short arguments, in the algorithm's ticks, and
+-- the reply is the state the call found, from which tollgate works out the outcome with the
+-- Rust algorithm itself (src/storage/redis/found.rs; the parity tests hold the two to the
+-- same answers). Redis only reads, decides whether to write, and writes: the general reply
+-- and a second decision for a denied hit's room cost it as much as the rest of the call.
+-- ARGV      tag, now (ticks), limit, window (ticks), parameter (ticks), hits, "1" with
+--           --count-denied, tick (µs), ms to keep the counter past its reset (as ARGV[6]).
+-- Returns   the counter's state as found (nil: none). A denied hit consumes nothing unless
+--           counted (so nothing is written); whether it vetoes is tollgate's to say.
+local function apply_one(key, ARGV)
+  local algorithm = ALGORITHMS[ARGV[1]]
+  local now, limit, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  local parameter, amount = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local tick, slack = tonumber(ARGV[8]), tonumber(ARGV[9])
   if algorithm == nil then
-    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[7]) .. ' in hit 1')
+    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[1]) .. ' in hit 1')
   end
-  if limit == nil or window_us == nil or tick == nil or tick < 1 or parameter == nil
-    or amount == nil or role == nil then
+  if now == nil or limit == nil or window == nil or window < 1 or parameter == nil
+    or amount == nil or tick == nil or slack == nil then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
-  local window = math.max(idiv(window_us, tick), 1)
-  local at = idiv(now, tick)
-  local state = read_state(key) or nil
-  local new_state, allowed, remaining, reset_after, retry_after =
-    algorithm.decide(state, at, limit, window, parameter, amount, charge)
-  if not allowed and amount > 0 then
-    local _, _, room = algorithm.decide(state, at, limit, window, parameter, 0, charge)
-    remaining = room
+  local raw = redis.call('GET', key)
+  local state = nil
+  if raw then
+    state = parse_state(raw)
   end
-  local committed = 1
-  if not allowed and not charge and (role == 'e' or (role == 'q' and complete)) then
-    committed = 0
-  elseif new_state then
-    local ttl = math.max(div_ceil(reset_after * tick, 1000), 1) + slack
-    redis.call('SET', key, encode(new_state), 'PX', ttl)
-    state = new_state
+  local new_state, _, _, reset_after = algorithm.decide(state, now, limit, window, parameter, amount, ARGV[7] == '1')
+  if new_state then
+    redis.call('SET', key, encode(new_state), 'PX', max(div_ceil(reset_after * tick, 1000), 1) + slack)
   end
-  local ok = 0
-  if allowed then
-    ok = 1
-  end
-  return { now, committed, ok, remaining, reset_after * tick, retry_after * tick,
-    (state and state[1]) or -1, (state and state[2]) or -1 }
+  return raw
 end
 
 local function apply(KEYS, ARGV)
+  if fmod == nil then
+    bind_math()
+  end
+  if #ARGV == 9 and #KEYS == 1 then
+    return apply_one(KEYS[1], ARGV)
+  end
   local mode = ARGV[1]
   local now = tonumber(ARGV[2])
   local slack = tonumber(ARGV[6])
@@ -113,9 +126,6 @@ local function apply(KEYS, ARGV)
   local complete = ARGV[4] == '1'
 
   local count = tonumber(ARGV[5])
-  if mode == 'apply' and #KEYS == 1 and #ARGV == 16 and now ~= nil and slack ~= nil then
-    return apply_one(KEYS[1], ARGV, now, slack, charge, complete)
-  end
   local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 6 + 11 * count
   if now == nil or slack == nil or count == nil
     or not (keys_in_argv or (#KEYS == count and #ARGV == 6 + 10 * count)) then
@@ -151,7 +161,7 @@ local function apply(KEYS, ARGV)
   end
 
   local function ttl_ms(reset_after)
-    return math.max(div_ceil(reset_after, 1000), 1) + slack
+    return max(div_ceil(reset_after, 1000), 1) + slack
   end
 
   -- Runs hit i's algorithm in its ticks: new state, allowed, remaining, reset_after µs,
@@ -159,7 +169,7 @@ local function apply(KEYS, ARGV)
   -- what a check finds now).
   local function decide_hit(i, state, at, hits)
     local tick = ticks[i]
-    local window = math.max(idiv(windows[i], tick), 1)
+    local window = max(idiv(windows[i], tick), 1)
     local algorithm = algorithms[i]
     local now_ticks = idiv(at, tick)
     local new_state, allowed, remaining, reset_after, retry_after =
@@ -198,7 +208,7 @@ local function apply(KEYS, ARGV)
   -- Gives `count` hits back to a counter's state, in place (the inverse of consuming them at
   -- instant `at`, in µs).
   local function give_back(i, state, at, count)
-    local window = math.max(idiv(windows[i], ticks[i]), 1)
+    local window = max(idiv(windows[i], ticks[i]), 1)
     algorithms[i].give_back(state, idiv(at, ticks[i]), requests[i], window, parameters[i], count)
   end
 

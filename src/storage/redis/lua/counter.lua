@@ -103,7 +103,7 @@ local function refund(keys, ARGV, count)
   end
   for _, key in ipairs(order) do
     if after[key] > 0 and totals[key] > 0 then
-      after[key] = math.max(after[key] - totals[key], 0)
+      after[key] = max(after[key] - totals[key], 0)
       redis.call('SET', key, string.format('%d', after[key]), 'KEEPTTL')
     end
   end
@@ -128,7 +128,7 @@ local function apply_distinct(keys, ARGV, n, complete)
     if limit == nil or amount == nil or before == nil then
       return redis.error_reply('ERR tollgate: malformed hit or counter ' .. i)
     end
-    allowed[i] = before + math.max(amount, 1) <= limit
+    allowed[i] = before + max(amount, 1) <= limit
     denied = denied or not allowed[i]
     out[i + 1] = before
   end
@@ -149,6 +149,9 @@ local function apply_distinct(keys, ARGV, n, complete)
 end
 
 local function count(KEYS, ARGV)
+  if fmod == nil then
+    bind_math()
+  end
   if #ARGV == 4 then
     return apply_one(KEYS[1], ARGV)
   end
@@ -197,9 +200,9 @@ local function count(KEYS, ARGV)
     local limit, amount = tonumber(ARGV[base]), tonumber(ARGV[base + 1])
     local before = counts[key]
     out[i + 1] = before
-    allowed[i] = before + math.max(amount, 1) <= limit
+    allowed[i] = before + max(amount, 1) <= limit
     if allowed[i] or charge then
-      counts[key] = math.min(before + amount, MAX_COUNT)
+      counts[key] = min(before + amount, MAX_COUNT)
     end
   end
 

@@ -10,29 +10,29 @@ function fixed_window.decide(state, now, limit, window, anchor, hits, charge)
     start, count = state[1], state[2]
   else
     if anchor == 0 then
-      start = now - math.fmod(now, window)
+      start = now - fmod(now, window)
     else
       start = now
     end
     count = 0
   end
-  local allowed = count + math.max(hits, 1) <= limit
+  local allowed = count + max(hits, 1) <= limit
   local consumed = consumed_by(allowed, charge, hits)
-  local new_count = math.min(count + consumed, MAX_COUNT)
-  local reset_after = math.max(start + window - now, 0)
+  local new_count = min(count + consumed, MAX_COUNT)
+  local reset_after = max(start + window - now, 0)
   local new_state = nil
   if consumed > 0 then
     new_state = { start, new_count }
   end
   if allowed then
-    return new_state, true, math.max(limit - new_count, 0), reset_after, 0
+    return new_state, true, max(limit - new_count, 0), reset_after, 0
   end
   return new_state, false, 0, reset_after, reset_after
 end
 
 function fixed_window.give_back(state, at, _, window, _, count)
   if state[1] <= at and at < state[1] + window then
-    state[2] = math.max(state[2] - count, 0)
+    state[2] = max(state[2] - count, 0)
     if state[2] == 0 then
       state[1] = 0
     end
@@ -46,7 +46,7 @@ ALGORITHMS.fw = fixed_window
 local fixed_count = {}
 
 function fixed_count.decide(state, now, limit, window, _, hits, charge)
-  local start = now - math.fmod(now, window)
+  local start = now - fmod(now, window)
   local full = nil
   if state then
     full = { start, state[1] }
@@ -60,7 +60,7 @@ function fixed_count.decide(state, now, limit, window, _, hits, charge)
 end
 
 function fixed_count.give_back(state, _, _, _, _, count)
-  state[1] = math.max(state[1] - count, 0)
+  state[1] = max(state[1] - count, 0)
 end
 
 ALGORITHMS.fixed_count = fixed_count

@@ -11,18 +11,18 @@ function gcra.decide(state, now, limit, window, burst, hits, charge)
   end
   local ahead = 0
   if state and state[1] >= now then
-    ahead = (state[1] - now) * limit + math.min(state[2], limit - 1)
+    ahead = (state[1] - now) * limit + min(state[2], limit - 1)
   end
   local tolerance = burst * window
-  local need = math.max(hits, 1)
+  local need = max(hits, 1)
   local allowed = need <= burst and ahead + need * window <= tolerance
   local consumed = consumed_by(allowed, charge, hits)
   -- --count-denied: the TAT stops at a full burst ahead (as Rust's min).
   local new_ahead
   if consumed > burst then
-    new_ahead = math.max(ahead, tolerance)
+    new_ahead = max(ahead, tolerance)
   else
-    new_ahead = math.min(ahead + consumed * window, math.max(ahead, tolerance))
+    new_ahead = min(ahead + consumed * window, max(ahead, tolerance))
   end
   local reset_after = div_ceil(new_ahead, limit)
   local new_state = nil
@@ -31,7 +31,7 @@ function gcra.decide(state, now, limit, window, burst, hits, charge)
     new_state = { now + whole, new_ahead - whole * limit }
   end
   if allowed then
-    return new_state, true, idiv(math.max(tolerance - new_ahead, 0), window), reset_after, 0
+    return new_state, true, idiv(max(tolerance - new_ahead, 0), window), reset_after, 0
   end
   local retry
   if need > burst then
@@ -50,7 +50,7 @@ function gcra.give_back(state, at, limit, window, burst, count)
   if count >= burst then
     ahead = 0
   else
-    ahead = math.max(ahead - count * window, 0)
+    ahead = max(ahead - count * window, 0)
   end
   local whole = idiv(ahead, limit)
   state[1], state[2] = at + whole, ahead - whole * limit

@@ -18,9 +18,17 @@
 -- The algorithms by key tag; apply.lua refuses a tag it does not find here.
 local ALGORITHMS = {}
 
+-- math's functions, as upvalues: looking one up as a global (the environment, then math)
+-- costs Redis more than the arithmetic around it. A library cannot read globals other than
+-- `redis` while it loads, so each entry point binds them on its first call.
+local max, min, fmod
+local function bind_math()
+  max, min, fmod = math.max, math.min, math.fmod
+end
+
 -- floor(a / b) for non-negative integers.
 local function idiv(a, b)
-  return (a - math.fmod(a, b)) / b
+  return (a - fmod(a, b)) / b
 end
 
 -- ceil(a / b) for non-negative integers; 0 when b is 0.
@@ -37,7 +45,7 @@ end
 
 -- A call that can never be admitted waits at least a window.
 local function never_retry(reset_after, window)
-  return math.max(reset_after, window)
+  return max(reset_after, window)
 end
 
 -- A limit that admits nothing, ever (requests_per_unit: 0).

@@ -13,13 +13,13 @@ local function sliding_log_append(runs, now, hits, limit)
   else
     runs[#runs + 1] = { now, hits }
   end
-  local cap = math.max(limit, 1)
+  local cap = max(limit, 1)
   local total = 0
   for _, run in ipairs(runs) do
     total = total + run[2]
   end
   while total > cap and #runs > 0 do
-    local drop = math.min(total - cap, runs[1][2])
+    local drop = min(total - cap, runs[1][2])
     runs[1][2] = runs[1][2] - drop
     total = total - drop
     if runs[1][2] == 0 then
@@ -45,22 +45,22 @@ local function sliding_log_retry(runs, now, limit, window, min_interval, need, b
     return nil
   end
   local count = sliding_log_count(runs, now, window)
-  local to_expire = math.max(count + need - limit, 0)
+  local to_expire = max(count + need - limit, 0)
   local for_room = 0
   for _, run in ipairs(runs) do
     if run[1] + window > now then
       if to_expire == 0 then
         break
       end
-      to_expire = math.max(to_expire - run[2], 0)
-      for_room = math.max(run[1] + window - now, 0)
+      to_expire = max(to_expire - run[2], 0)
+      for_room = max(run[1] + window - now, 0)
     end
   end
   local for_gap = 0
   if #runs > 0 then
-    for_gap = math.max(runs[#runs][1] + min_interval - now, 0)
+    for_gap = max(runs[#runs][1] + min_interval - now, 0)
   end
-  return math.max(for_room, for_gap)
+  return max(for_room, for_gap)
 end
 
 local sliding_log = {}
@@ -73,7 +73,7 @@ function sliding_log.decide(state, now, limit, window, min_interval, hits, charg
     end
   end
   if #all > 0 then
-    now = math.max(now, all[#all][1])
+    now = max(now, all[#all][1])
   end
   -- Expired runs go, but the newest stays while the gap still needs it.
   local first = 1
@@ -86,7 +86,7 @@ function sliding_log.decide(state, now, limit, window, min_interval, hits, charg
     runs[#runs + 1] = all[i]
   end
   local count = sliding_log_count(runs, now, window)
-  local need = math.max(hits, 1)
+  local need = max(hits, 1)
   local gap_ok = #runs == 0 or now - runs[#runs][1] >= min_interval
   local bunched = min_interval > 0 and hits > 1
   local allowed = count + need <= limit and gap_ok and not bunched
@@ -98,7 +98,7 @@ function sliding_log.decide(state, now, limit, window, min_interval, hits, charg
   sliding_log_append(runs, now, consumed, limit)
   local reset_after = 0
   if #runs > 0 then
-    reset_after = math.max(runs[#runs][1] + math.max(window, min_interval) - now, 0)
+    reset_after = max(runs[#runs][1] + max(window, min_interval) - now, 0)
   end
   local new_state = nil
   if consumed > 0 then
@@ -109,7 +109,7 @@ function sliding_log.decide(state, now, limit, window, min_interval, hits, charg
     end
   end
   if allowed then
-    return new_state, true, math.max(limit - (count + consumed), 0), reset_after, 0
+    return new_state, true, max(limit - (count + consumed), 0), reset_after, 0
   end
   if retry == nil then
     retry = never_retry(reset_after, window)
@@ -120,7 +120,7 @@ end
 function sliding_log.give_back(state, at, _, _, _, count)
   for j = #state - 1, 1, -2 do
     if state[j] == at then
-      state[j + 1] = math.max(state[j + 1] - count, 0)
+      state[j + 1] = max(state[j + 1] - count, 0)
       if state[j + 1] == 0 then
         table.remove(state, j + 1)
         table.remove(state, j)

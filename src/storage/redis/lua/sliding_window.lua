@@ -10,7 +10,7 @@ local function sliding_window_retry(current, previous, elapsed, limit, window, n
   local to_next = window - elapsed
   if current + need <= limit and previous > 0 then
     local room = idiv((limit - current - need) * window, previous)
-    local wait = math.max(to_next - room, 0)
+    local wait = max(to_next - room, 0)
     if wait < to_next then
       return wait
     end
@@ -19,7 +19,7 @@ local function sliding_window_retry(current, previous, elapsed, limit, window, n
     return to_next
   end
   local room = idiv((limit - need) * window, current)
-  local into_next = math.max(window - room, 0)
+  local into_next = max(window - room, 0)
   if into_next < window then
     return to_next + into_next
   end
@@ -29,22 +29,22 @@ end
 local sliding_window = {}
 
 function sliding_window.decide(state, now, limit, window, _, hits, charge)
-  local start = now - math.fmod(now, window)
+  local start = now - fmod(now, window)
   local current, previous = 0, 0
   if state and state[1] >= start then
     start, current, previous = state[1], state[2], state[3]
   elseif state and state[1] + window == start then
     previous = state[2]
   end
-  now = math.max(now, start)
+  now = max(now, start)
   local elapsed = now - start
   local carried = previous * (window - elapsed)
-  local need = math.max(hits, 1)
+  local need = max(hits, 1)
   -- Compared by count first: (current + need) × window could pass 2^53.
   local allowed = current + need <= limit and carried + (current + need) * window <= limit * window
   local consumed = consumed_by(allowed, charge, hits)
-  local next_current = math.min(current + consumed, limit)
-  local capacity = idiv(math.max(limit * window - carried, 0), window)
+  local next_current = min(current + consumed, limit)
+  local capacity = idiv(max(limit * window - carried, 0), window)
   local reset_after = 0
   if next_current > 0 then
     reset_after = start + 2 * window - now
@@ -56,7 +56,7 @@ function sliding_window.decide(state, now, limit, window, _, hits, charge)
     new_state = { start, next_current, previous }
   end
   if allowed then
-    return new_state, true, math.max(capacity - next_current, 0), reset_after, 0
+    return new_state, true, max(capacity - next_current, 0), reset_after, 0
   end
   local retry = sliding_window_retry(current, previous, elapsed, limit, window, need)
   if retry == nil then
@@ -66,11 +66,11 @@ function sliding_window.decide(state, now, limit, window, _, hits, charge)
 end
 
 function sliding_window.give_back(state, at, _, window, _, count)
-  local start = at - math.fmod(at, window)
+  local start = at - fmod(at, window)
   if state[1] == start then
-    state[2] = math.max(state[2] - count, 0)
+    state[2] = max(state[2] - count, 0)
   elseif state[1] == start + window then
-    state[3] = math.max(state[3] - count, 0)
+    state[3] = max(state[3] - count, 0)
   end
 end
 

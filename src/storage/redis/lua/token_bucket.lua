@@ -12,16 +12,16 @@ function token_bucket.decide(state, now, limit, window, burst, hits, charge)
   local level, updated = capacity, now
   if state then
     -- A product past 2^53 is inexact but far above capacity, so the min is still exact.
-    level = math.min(state[1] + math.max(now - state[2], 0) * limit, capacity)
-    updated = math.max(state[2], now)
+    level = min(state[1] + max(now - state[2], 0) * limit, capacity)
+    updated = max(state[2], now)
   end
-  local need = math.max(hits, 1)
+  local need = max(hits, 1)
   -- Compared by hits first: need × window could pass 2^53.
   local allowed = need <= burst and need * window <= level
   local consumed = consumed_by(allowed, charge, hits)
   local level_after = 0
   if consumed <= burst then
-    level_after = math.max(level - consumed * window, 0)
+    level_after = max(level - consumed * window, 0)
   end
   local reset_after = div_ceil(capacity - level_after, limit)
   local new_state = nil
@@ -45,7 +45,7 @@ function token_bucket.give_back(state, _, _, window, burst, count)
   if count >= burst then
     state[1] = capacity
   else
-    state[1] = math.min(state[1] + count * window, capacity)
+    state[1] = min(state[1] + count * window, capacity)
   end
 end
 

@@ -1,0 +1,248 @@
+//! One hit alone on a counter whose state is a few numbers (every algorithm but the sliding
+//! log; a fixed window aligned on the epoch is a counter: `counter.rs`). lua/apply.lua's
+//! `apply_one` reads the state, decides, writes what the hit consumed and answers the state it
+//! found; the outcome is worked out here from that state by the Rust algorithm, which the Lua
+//! port matches exactly (tests/redis_parity.rs). Redis then spends nothing on building a reply
+//! or on a second decision for a denied hit's room, which together cost it as much as the rest
+//! of the call.
+
+use redis::Value;
+
+use crate::algorithm::{
+    self, Algorithm, Charge, Params, State, fixed_window, gcra, sliding_log, sliding_window,
+    token_bucket,
+};
+use crate::clock::Micros;
+use crate::storage::{Hit, Role, StoreError};
+
+/// Whether a lone hit on a counter with `params` goes this way (a sliding log's state can be
+/// thousands of numbers: the general reply is smaller).
+pub fn takes(params: &Params) -> bool {
+    !matches!(params.algorithm, Algorithm::SlidingLog { .. })
+}
+
+/// The tick the counter code counts `params` in (`Params::tick`; a limit no tick keeps exact
+/// is refused by the config, so the fallback is never used in practice).
+pub fn tick(params: &Params) -> Micros {
+    params.tick().unwrap_or(1_000_000)
+}
+
+/// Whether a denied hit of this role makes the call commit nothing (the veto rule of
+/// `storage::rejects` for one hit; `complete`: the call holds the whole request).
+pub fn denial_vetoes(role: Role, complete: bool) -> bool {
+    match role {
+        Role::Enforced => true,
+        Role::Quota => complete,
+        Role::Shadow => false,
+    }
+}
+
+/// Turns the state the script found (its reply: nil or the stored numbers) into the general
+/// reply (lua/apply.lua): the instant, committed, then allowed, remaining, reset_after,
+/// retry_after and the first two numbers of the state the counter holds after the call.
+pub fn general_reply(
+    hit: &Hit,
+    reply: &Value,
+    instant: Micros,
+    charge: Charge,
+    complete: bool,
+) -> Result<Vec<i64>, StoreError> {
+    let found = found_state(hit.params.algorithm, reply)?;
+    let decided = algorithm::decide(&hit.params, found.as_ref(), instant, hit.hits, charge);
+    let outcome = decided.outcome;
+    let committed =
+        outcome.allowed || charge == Charge::Always || !denial_vetoes(hit.role, complete);
+    let after = match decided.state {
+        Some(state) if committed => Some(state),
+        _ => found,
+    };
+    let numbers = after.as_ref().map(numbers).unwrap_or_default();
+    let number = |index: usize| {
+        numbers
+            .get(index)
+            .map_or(-1, |&n| i64::try_from(n).unwrap_or(i64::MAX))
+    };
+    let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    Ok(vec![
+        clamp(instant),
+        i64::from(committed),
+        i64::from(outcome.allowed),
+        clamp(outcome.remaining),
+        clamp(outcome.reset_after),
+        clamp(outcome.retry_after),
+        number(0),
+        number(1),
+    ])
+}
+
+/// The state in the script's reply: nil (no counter) or its numbers separated by spaces.
+fn found_state(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, StoreError> {
+    let malformed = || StoreError::MalformedReply(format!("counter script answered {reply:?}"));
+    let text = match reply {
+        Value::Nil => return Ok(None),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
+        _ => return Err(malformed()),
+    };
+    let numbers = text
+        .split(' ')
+        .map(|number| number.parse::<u64>().map_err(|_| malformed()))
+        .collect::<Result<Vec<u64>, StoreError>>()?;
+    from_numbers(algorithm, &numbers)
+        .map(Some)
+        .ok_or_else(malformed)
+}
+
+/// A state as the list of numbers the counter code stores (in ticks, as the algorithm counts).
+fn numbers(state: &State) -> Vec<u64> {
+    match state {
+        State::FixedWindow(s) => vec![s.window_start, s.count],
+        State::SlidingWindow(s) => vec![s.window_start, s.current, s.previous],
+        State::SlidingLog(s) => s.runs.iter().flat_map(|&(at, n)| [at, n]).collect(),
+        State::TokenBucket(s) => vec![s.level, s.updated],
+        State::Gcra(s) => vec![s.tat, s.remainder],
+    }
+}
+
+/// The state of `algorithm` from its stored numbers; `None` when they do not have its shape.
+fn from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State> {
+    Some(match (algorithm, numbers) {
+        (Algorithm::FixedWindow { .. }, &[window_start, count]) => {
+            State::FixedWindow(fixed_window::State {
+                window_start,
+                count,
+            })
+        }
+        (Algorithm::SlidingWindow, &[window_start, current, previous]) => {
+            State::SlidingWindow(sliding_window::State {
+                window_start,
+                current,
+                previous,
+            })
+        }
+        (Algorithm::SlidingLog { .. }, runs) if runs.len() % 2 == 0 => {
+            State::SlidingLog(Box::new(sliding_log::State {
+                runs: runs.chunks_exact(2).map(|run| (run[0], run[1])).collect(),
+            }))
+        }
+        (Algorithm::TokenBucket { .. }, &[level, updated]) => {
+            State::TokenBucket(token_bucket::State { level, updated })
+        }
+        (Algorithm::Gcra { .. }, &[tat, remainder]) => State::Gcra(gcra::State { tat, remainder }),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Anchor;
+    use crate::storage::keys::{EntryValue, counter_key};
+
+    fn hit(algorithm: Algorithm, hits: u64, role: Role) -> Hit {
+        let params = Params {
+            algorithm,
+            requests: 2,
+            window: 1_000_000,
+        };
+        Hit {
+            descriptor: 0,
+            key: counter_key("d", [("user", EntryValue::Actual("a"))], &params),
+            params,
+            hits,
+            role,
+        }
+    }
+
+    const GCRA: Algorithm = Algorithm::Gcra { burst: 2 };
+    const NOW: Micros = 1_795_000_000_000_000;
+
+    #[test]
+    fn a_counter_never_seen_is_decided_as_new() {
+        let reply = general_reply(
+            &hit(GCRA, 1, Role::Enforced),
+            &Value::Nil,
+            NOW,
+            Charge::IfAllowed,
+            true,
+        )
+        .unwrap();
+        // One of two admitted; the TAT half a second ahead (in µs ticks, remainder 0).
+        assert_eq!(
+            reply,
+            vec![NOW as i64, 1, 1, 1, 500_000, 0, NOW as i64 + 500_000, 0]
+        );
+    }
+
+    #[test]
+    fn a_denied_enforced_hit_commits_nothing_and_reports_the_state_found() {
+        let full = format!("{} 0", NOW + 1_000_000);
+        let reply = general_reply(
+            &hit(GCRA, 1, Role::Enforced),
+            &Value::BulkString(full.into_bytes()),
+            NOW,
+            Charge::IfAllowed,
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            reply,
+            vec![
+                NOW as i64,
+                0,
+                0,
+                0,
+                1_000_000,
+                500_000,
+                NOW as i64 + 1_000_000,
+                0
+            ]
+        );
+        let shadow = general_reply(
+            &hit(GCRA, 1, Role::Shadow),
+            &Value::BulkString(format!("{} 0", NOW + 1_000_000).into_bytes()),
+            NOW,
+            Charge::IfAllowed,
+            true,
+        )
+        .unwrap();
+        assert_eq!(shadow[1], 1, "a shadow denial never vetoes");
+    }
+
+    #[test]
+    fn a_state_of_the_wrong_shape_is_a_malformed_reply() {
+        for raw in ["1 2 3", "x 1", "", "1  2"] {
+            let result = general_reply(
+                &hit(GCRA, 1, Role::Enforced),
+                &Value::BulkString(raw.as_bytes().to_vec()),
+                NOW,
+                Charge::IfAllowed,
+                true,
+            );
+            assert!(
+                matches!(result, Err(StoreError::MalformedReply(_))),
+                "{raw:?}: {result:?}"
+            );
+        }
+        let epoch = Algorithm::FixedWindow {
+            anchor: Anchor::FirstHit,
+        };
+        assert!(
+            general_reply(
+                &hit(epoch, 1, Role::Enforced),
+                &Value::Int(3),
+                NOW,
+                Charge::IfAllowed,
+                true
+            )
+            .is_err()
+        );
+        assert_eq!(
+            from_numbers(GCRA, &[5, 1]),
+            Some(State::Gcra(gcra::State {
+                tat: 5,
+                remainder: 1
+            }))
+        );
+    }
+}

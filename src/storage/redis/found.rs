@@ -1,10 +1,11 @@
-//! One hit alone on a counter whose state is a few numbers (every algorithm but the sliding
-//! log; a fixed window aligned on the epoch is a counter: `counter.rs`). lua/apply.lua's
-//! `apply_one` reads the state, decides, writes what the hit consumed and answers the state it
-//! found; the outcome is worked out here from that state by the Rust algorithm, which the Lua
-//! port matches exactly (tests/redis_parity.rs). Redis then spends nothing on building a reply
-//! or on a second decision for a denied hit's room, which together cost it as much as the rest
-//! of the call.
+//! One hit alone on a counter of any algorithm but the fixed window aligned on the epoch
+//! (which is a counter: `counter.rs`). lua/apply.lua's `apply_one` reads the state, decides,
+//! writes what the hit consumed and answers the state it found; the outcome is worked out here
+//! from that state by the Rust algorithm, which the Lua port matches exactly
+//! (tests/redis_parity.rs). Redis then spends nothing on building a reply or on a second
+//! decision for a denied hit's room, which together cost it as much as the rest of the call.
+//! The answer is as long as the state: a few numbers, or for a sliding log two per run of
+//! hits, which Redis has just parsed and written back anyway.
 
 use redis::Value;
 
@@ -14,12 +15,6 @@ use crate::algorithm::{
 };
 use crate::clock::Micros;
 use crate::storage::{Hit, Role, StoreError};
-
-/// Whether a lone hit on a counter with `params` goes this way (a sliding log's state can be
-/// thousands of numbers: the general reply is smaller).
-pub fn takes(params: &Params) -> bool {
-    !matches!(params.algorithm, Algorithm::SlidingLog { .. })
-}
 
 /// The tick the counter code counts `params` in (`Params::tick`; a limit no tick keeps exact
 /// is refused by the config, so the fallback is never used in practice).
@@ -84,8 +79,10 @@ fn found_state(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, Sto
         Value::SimpleString(text) => text.as_str(),
         _ => return Err(malformed()),
     };
+    // A sliding log whose every run was given back is stored empty.
     let numbers = text
         .split(' ')
+        .filter(|_| !text.is_empty())
         .map(|number| number.parse::<u64>().map_err(|_| malformed()))
         .collect::<Result<Vec<u64>, StoreError>>()?;
     from_numbers(algorithm, &numbers)
@@ -237,6 +234,13 @@ mod tests {
             )
             .is_err()
         );
+        let log = Algorithm::SlidingLog { min_interval: 0 };
+        assert_eq!(
+            found_state(log, &Value::BulkString(Vec::new())).unwrap(),
+            Some(State::SlidingLog(Box::default())),
+            "a log given back entirely"
+        );
+        assert!(found_state(log, &Value::BulkString(b"1 2 3".to_vec())).is_err());
         assert_eq!(
             from_numbers(GCRA, &[5, 1]),
             Some(State::Gcra(gcra::State {

@@ -206,12 +206,10 @@ impl Call<'_> {
     }
 
     /// The hit of a call that goes by `found.rs`: one hit alone, applied, declared as a key,
-    /// of an algorithm whose state is a few numbers.
+    /// not a counter.
     fn lone_hit_found(&self) -> Option<&Hit> {
         match (self.hits, self.mode, self.node) {
-            ([hit], Mode::Apply, None) if !is_counter(&hit.params) && found::takes(&hit.params) => {
-                Some(hit)
-            }
+            ([hit], Mode::Apply, None) if !is_counter(&hit.params) => Some(hit),
             _ => None,
         }
     }

@@ -1,7 +1,9 @@
 -- The entry point, apply(KEYS, ARGV): the body of the script (EVAL) and of the library's
--- functions (FCALL), which differ only in how they are called. Decides every hit of one request (or, on a cluster, of the hits of one
--- request that live on one node) atomically, as src/storage/memory.rs does in-process.
+-- functions (FCALL), which differ only in how they are called. Decides every hit of one
+-- request (or, on a cluster, of the hits of one request that live on one node) atomically,
+-- as src/storage/memory.rs does in-process.
 --
+-- One hit alone, applied, has its own short arguments and answer: see apply_one.
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
 --           or none, for a call across the slots of one node (the allow-cross-slot-keys
 --           variant, Redis 7+, sent to the node by address).
@@ -78,12 +80,11 @@ local function encode(state)
 end
 
 
--- One hit alone, the common call, when its state is a few numbers (every algorithm but the
--- sliding log, whose state can be thousands): short arguments, in the algorithm's ticks, and
--- the reply is the state the call found, from which tollgate works out the outcome with the
--- Rust algorithm itself (src/storage/redis/found.rs; the parity tests hold the two to the
--- same answers). Redis only reads, decides whether to write, and writes: the general reply
--- and a second decision for a denied hit's room cost it as much as the rest of the call.
+-- One hit alone, the common call: short arguments, in the algorithm's ticks, and the reply is
+-- the state the call found, from which tollgate works out the outcome with the Rust algorithm
+-- itself (src/storage/redis/found.rs; the parity tests hold the two to the same answers).
+-- Redis only reads, decides whether to write, and writes: the general reply and a second
+-- decision for a denied hit's room cost it as much as the rest of the call.
 -- ARGV      tag, now (ticks), limit, window (ticks), parameter (ticks), hits, "1" with
 --           --count-denied, tick (µs), ms to keep the counter past its reset (as ARGV[6]).
 -- Returns   the counter's state as found (nil: none). A denied hit consumes nothing unless

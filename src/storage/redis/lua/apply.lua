@@ -70,7 +70,7 @@ end
 local function encode(state)
   local format = FORMATS[#state]
   if format then
-    return string.format(format, unpack(state))
+    return string.format(format, state[1], state[2], state[3]) -- extra arguments are ignored
   end
   local parts = {}
   for i, number in ipairs(state) do

@@ -136,7 +136,12 @@ mod tests {
     use crate::algorithm::Anchor;
     use crate::storage::keys::{EntryValue, counter_key};
 
-    fn hit(algorithm: Algorithm, hits: u64, role: Role) -> Hit {
+    /// A GCRA of 2 per second with a burst of 2: one hit is half a second of TAT.
+    const GCRA: Algorithm = Algorithm::Gcra { burst: 2 };
+    const NOW: Micros = 1_795_000_000_000_000;
+    const FULL: &str = "1795000001000000 0";
+
+    fn hit(algorithm: Algorithm, role: Role) -> Hit {
         let params = Params {
             algorithm,
             requests: 2,
@@ -146,94 +151,84 @@ mod tests {
             descriptor: 0,
             key: counter_key("d", [("user", EntryValue::Actual("a"))], &params),
             params,
-            hits,
+            hits: 1,
             role,
         }
     }
 
-    const GCRA: Algorithm = Algorithm::Gcra { burst: 2 };
-    const NOW: Micros = 1_795_000_000_000_000;
+    /// The reply to one GCRA hit of `role` that found `found` (`None`: no counter).
+    fn answer(
+        role: Role,
+        found: Option<&str>,
+        charge: Charge,
+        complete: bool,
+    ) -> Result<Vec<i64>, StoreError> {
+        let reply = found.map_or(Value::Nil, |text| {
+            Value::BulkString(text.as_bytes().to_vec())
+        });
+        general_reply(&hit(GCRA, role), &reply, NOW, charge, complete)
+    }
+
+    const AT: i64 = NOW as i64;
 
     #[test]
     fn a_counter_never_seen_is_decided_as_new() {
-        let reply = general_reply(
-            &hit(GCRA, 1, Role::Enforced),
-            &Value::Nil,
-            NOW,
-            Charge::IfAllowed,
-            true,
-        )
-        .unwrap();
-        // One of two admitted; the TAT half a second ahead (in µs ticks, remainder 0).
+        // Admitted with one left; the TAT half a second ahead (µs ticks, remainder 0).
         assert_eq!(
-            reply,
-            vec![NOW as i64, 1, 1, 1, 500_000, 0, NOW as i64 + 500_000, 0]
+            answer(Role::Enforced, None, Charge::IfAllowed, true).unwrap(),
+            [AT, 1, 1, 1, 500_000, 0, AT + 500_000, 0]
         );
     }
 
     #[test]
-    fn a_denied_enforced_hit_commits_nothing_and_reports_the_state_found() {
-        let full = format!("{} 0", NOW + 1_000_000);
-        let reply = general_reply(
-            &hit(GCRA, 1, Role::Enforced),
-            &Value::BulkString(full.into_bytes()),
-            NOW,
-            Charge::IfAllowed,
-            true,
-        )
-        .unwrap();
+    fn a_denial_vetoes_by_the_veto_rule_and_reports_the_state_found() {
+        // Denied, retry in half a second, the state as found; committed by role.
+        let denied = |committed| [AT, committed, 0, 0, 1_000_000, 500_000, AT + 1_000_000, 0];
+        let full = Some(FULL);
         assert_eq!(
-            reply,
-            vec![
-                NOW as i64,
-                0,
-                0,
-                0,
-                1_000_000,
-                500_000,
-                NOW as i64 + 1_000_000,
-                0
-            ]
+            answer(Role::Enforced, full, Charge::IfAllowed, true).unwrap(),
+            denied(0)
         );
-        let shadow = general_reply(
-            &hit(GCRA, 1, Role::Shadow),
-            &Value::BulkString(format!("{} 0", NOW + 1_000_000).into_bytes()),
-            NOW,
-            Charge::IfAllowed,
-            true,
-        )
-        .unwrap();
-        assert_eq!(shadow[1], 1, "a shadow denial never vetoes");
+        assert_eq!(
+            answer(Role::Quota, full, Charge::IfAllowed, true).unwrap(),
+            denied(0)
+        );
+        assert_eq!(
+            answer(Role::Quota, full, Charge::IfAllowed, false).unwrap(),
+            denied(1),
+            "a quota denial alone in a call that is not the whole request leaves it to the caller"
+        );
+        assert_eq!(
+            answer(Role::Shadow, full, Charge::IfAllowed, true).unwrap(),
+            denied(1)
+        );
+        // --count-denied: the hit consumes, but the TAT stops a full burst ahead.
+        assert_eq!(
+            answer(Role::Enforced, full, Charge::Always, true).unwrap(),
+            denied(1)
+        );
     }
 
     #[test]
     fn a_state_of_the_wrong_shape_is_a_malformed_reply() {
-        for raw in ["1 2 3", "x 1", "", "1  2"] {
-            let result = general_reply(
-                &hit(GCRA, 1, Role::Enforced),
-                &Value::BulkString(raw.as_bytes().to_vec()),
-                NOW,
-                Charge::IfAllowed,
-                true,
-            );
+        for raw in ["1 2 3", "x 1", "", "1  2", "-1 2"] {
+            let result = answer(Role::Enforced, Some(raw), Charge::IfAllowed, true);
             assert!(
                 matches!(result, Err(StoreError::MalformedReply(_))),
                 "{raw:?}: {result:?}"
             );
         }
-        let epoch = Algorithm::FixedWindow {
+        let first_hit = Algorithm::FixedWindow {
             anchor: Anchor::FirstHit,
         };
-        assert!(
-            general_reply(
-                &hit(epoch, 1, Role::Enforced),
-                &Value::Int(3),
-                NOW,
-                Charge::IfAllowed,
-                true
-            )
-            .is_err()
+        let result = general_reply(
+            &hit(first_hit, Role::Enforced),
+            &Value::Int(3),
+            NOW,
+            Charge::IfAllowed,
+            true,
         );
+        assert!(matches!(result, Err(StoreError::MalformedReply(_))));
         let log = Algorithm::SlidingLog { min_interval: 0 };
         assert_eq!(
             found_state(log, &Value::BulkString(Vec::new())).unwrap(),
@@ -241,12 +236,26 @@ mod tests {
             "a log given back entirely"
         );
         assert!(found_state(log, &Value::BulkString(b"1 2 3".to_vec())).is_err());
-        assert_eq!(
-            from_numbers(GCRA, &[5, 1]),
-            Some(State::Gcra(gcra::State {
-                tat: 5,
-                remainder: 1
-            }))
-        );
+    }
+
+    #[test]
+    fn numbers_and_states_convert_both_ways() {
+        let states = [
+            (GCRA, vec![5, 1]),
+            (Algorithm::TokenBucket { burst: 2 }, vec![7, 9]),
+            (Algorithm::SlidingWindow, vec![10, 2, 3]),
+            (Algorithm::SlidingLog { min_interval: 0 }, vec![1, 2, 3, 4]),
+            (
+                Algorithm::FixedWindow {
+                    anchor: Anchor::FirstHit,
+                },
+                vec![4, 6],
+            ),
+        ];
+        for (algorithm, stored) in states {
+            let state = from_numbers(algorithm, &stored).unwrap();
+            assert_eq!(numbers(&state), stored, "{algorithm:?}");
+        }
+        assert_eq!(from_numbers(Algorithm::SlidingWindow, &[1, 2]), None);
     }
 }

@@ -4,6 +4,7 @@
 -- as src/storage/memory.rs does in-process.
 --
 -- One hit alone, applied, has its own short arguments and answer: see apply_one.
+--
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
 --           or none, for a call across the slots of one node (the allow-cross-slot-keys
 --           variant, Redis 7+, sent to the node by address).
@@ -98,7 +99,7 @@ local function apply_one(key, ARGV)
     return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[1]) .. ' in hit 1')
   end
   if now == nil or limit == nil or window == nil or window < 1 or parameter == nil
-    or amount == nil or tick == nil or slack == nil then
+    or amount == nil or tick == nil or tick < 1 or slack == nil then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
   local raw = redis.call('GET', key)
@@ -106,9 +107,11 @@ local function apply_one(key, ARGV)
   if raw then
     state = parse_state(raw)
   end
-  local new_state, _, _, reset_after = algorithm.decide(state, now, limit, window, parameter, amount, ARGV[7] == '1')
+  local new_state, _, _, reset_after =
+    algorithm.decide(state, now, limit, window, parameter, amount, ARGV[7] == '1')
   if new_state then
-    redis.call('SET', key, encode(new_state), 'PX', max(div_ceil(reset_after * tick, 1000), 1) + slack)
+    local ttl = max(div_ceil(reset_after * tick, 1000), 1) + slack
+    redis.call('SET', key, encode(new_state), 'PX', ttl)
   end
   return raw
 end

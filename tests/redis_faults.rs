@@ -610,7 +610,7 @@ async fn a_redis_user_refused_functions_gets_the_same_decisions_by_script() {
     }
     assert_eq!(bucket, [(ok, 2), (ok, 1), (ok, 0), (over, 0)]);
     assert_eq!(redis.calls("fcall"), 0, "FCALL is refused to this user");
-    // The ten admitted hits reached Redis (the deny cache may answer the denied ones).
+    // The thirteen admitted hits reached Redis (the deny cache may answer the denied ones).
     assert!(
         redis.calls("evalsha") + redis.calls("eval") >= 10,
         "the decisions went by script"

@@ -81,11 +81,12 @@ local function encode(state)
 end
 
 
--- One hit alone, the common call: short arguments, in the algorithm's ticks, and the reply is
--- the state the call found, from which tollgate works out the outcome with the Rust algorithm
--- itself (src/storage/redis/found.rs; the parity tests hold the two to the same answers).
--- Redis only reads, decides whether to write, and writes: the general reply and a second
--- decision for a denied hit's room cost it as much as the rest of the call.
+-- One hit alone, the common call (a long sliding log excepted: tollgate sends it the general
+-- way): short arguments, in the algorithm's ticks, and the reply is the state the call found,
+-- from which tollgate works out the outcome with the Rust algorithm itself
+-- (src/storage/redis/found.rs; the parity tests hold the two to the same answers). Redis only
+-- reads, decides whether to write, and writes: the general reply and a second decision for a
+-- denied hit's room were about a fifth of what the call cost it.
 -- ARGV      tag, now (ticks), limit, window (ticks), parameter (ticks), hits, "1" with
 --           --count-denied, tick (µs), ms to keep the counter past its reset (as ARGV[6]).
 -- Returns   the counter's state as found (nil: none). A denied hit consumes nothing unless

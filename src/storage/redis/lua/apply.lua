@@ -3,7 +3,8 @@
 -- request (or, on a cluster, of the hits of one request that live on one node) atomically,
 -- as src/storage/memory.rs does in-process.
 --
--- One hit alone, applied, has its own short arguments and answer: see apply_one.
+-- One hit alone, applied, skips the general bookkeeping: apply_one (short arguments, answers
+-- the state found), or for a long sliding log apply_one_answered (these arguments, this answer).
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
 --           or none, for a call across the slots of one node (the allow-cross-slot-keys
@@ -117,6 +118,46 @@ local function apply_one(key, ARGV)
   return raw
 end
 
+-- One hit alone of a long sliding log, which tollgate sends the general way (its state, what
+-- apply_one answers, would be longer than this answer): decided and answered here, as apply
+-- does, without apply's per-hit tables or veto bookkeeping (a single hit is vetoed only when
+-- denied, and then consumes nothing anyway).
+local function apply_one_answered(key, ARGV, now, slack, charge, complete)
+  local algorithm = ALGORITHMS[ARGV[7]]
+  local limit, window_us, tick = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local parameter, amount, role = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
+  if algorithm == nil then
+    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[7]) .. ' in hit 1')
+  end
+  if limit == nil or window_us == nil or tick == nil or tick < 1 or parameter == nil
+    or amount == nil or role == nil then
+    return redis.error_reply('ERR tollgate: malformed hit 1')
+  end
+  local window = max(idiv(window_us, tick), 1)
+  local at = idiv(now, tick)
+  local state = read_state(key) or nil
+  local new_state, allowed, remaining, reset_after, retry_after =
+    algorithm.decide(state, at, limit, window, parameter, amount, charge)
+  if not allowed and amount > 0 then
+    local _, _, room = algorithm.decide(state, at, limit, window, parameter, 0, charge)
+    remaining = room
+  end
+  local committed = 1
+  if not allowed and not charge and (role == 'e' or (role == 'q' and complete)) then
+    committed = 0
+  elseif new_state then
+    local ttl = max(div_ceil(reset_after * tick, 1000), 1) + slack
+    redis.call('SET', key, encode(new_state), 'PX', ttl)
+    state = new_state
+  end
+  local ok = 0
+  if allowed then
+    ok = 1
+  end
+  return { now, committed, ok, remaining, reset_after * tick, retry_after * tick,
+    (state and state[1]) or -1, (state and state[2]) or -1 }
+end
+
 local function apply(KEYS, ARGV)
   if fmod == nil then
     bind_math()
@@ -131,6 +172,9 @@ local function apply(KEYS, ARGV)
   local complete = ARGV[4] == '1'
 
   local count = tonumber(ARGV[5])
+  if mode == 'apply' and #KEYS == 1 and #ARGV == 16 and now ~= nil and slack ~= nil then
+    return apply_one_answered(KEYS[1], ARGV, now, slack, charge, complete)
+  end
   local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 6 + 11 * count
   if now == nil or slack == nil or count == nil
     or not (keys_in_argv or (#KEYS == count and #ARGV == 6 + 10 * count)) then

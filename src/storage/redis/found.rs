@@ -62,13 +62,9 @@ pub fn general_reply(
         Some(state) if committed => Some(state),
         _ => found,
     };
-    let numbers = after.as_ref().map(numbers).unwrap_or_default();
-    let number = |index: usize| {
-        numbers
-            .get(index)
-            .map_or(-1, |&n| i64::try_from(n).unwrap_or(i64::MAX))
-    };
     let clamp = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    let numbers = after.as_ref().map(numbers).unwrap_or_default();
+    let number = |index: usize| numbers.get(index).map_or(-1, |&n| clamp(n));
     Ok(vec![
         clamp(instant),
         i64::from(committed),

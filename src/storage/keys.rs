@@ -13,8 +13,6 @@
 //! `IDENTITY = d<len>:<domain> (k<len>:<key> (v|s)<len>:<value>)*`, where `s` marks a shared
 //! (`share_threshold`) bucket whose value is the config pattern rather than the client's value.
 
-use std::fmt::Write as _;
-
 use sha2::{Digest, Sha256};
 
 use crate::algorithm::Params;
@@ -44,86 +42,98 @@ pub enum EntryValue<'a> {
 
 /// Builds the key of one counter, in one allocation when the identity is inline: the prefix
 /// is written with a placeholder tag, the identity after it, and the tag (a hash of the
-/// identity) is filled in last.
+/// identity) is written over the placeholder last. The key is built as bytes, so that the tag
+/// is a copy in place rather than a string splice.
 pub fn counter_key<'a>(
     domain: &str,
     entries: impl IntoIterator<Item = (&'a str, EntryValue<'a>)>,
     params: &Params,
 ) -> CounterKey {
-    const PLACEHOLDER: &str = "0000000000000000";
-    let mut key = String::with_capacity(112);
-    key.push_str("tollgate:v1:{");
+    const TAG_DIGITS: usize = 16;
+    let mut key = Vec::with_capacity(112);
+    key.extend_from_slice(b"tollgate:v1:{");
     let tag_at = key.len();
-    key.push_str(PLACEHOLDER);
-    key.push_str("}:");
-    key.push_str(params.algorithm.key_tag());
+    key.extend_from_slice(&[b'0'; TAG_DIGITS]);
+    key.extend_from_slice(b"}:");
+    key.extend_from_slice(params.algorithm.key_tag().as_bytes());
     match params.tick() {
         Some(1) => {}
         tick => {
-            key.push('@');
+            key.push(b'@');
             push_decimal(&mut key, tick.unwrap_or(0));
-            key.push_str("us");
+            key.extend_from_slice(b"us");
         }
     }
-    key.push(':');
+    key.push(b':');
     push_decimal(&mut key, params.window / MICROS_PER_SECOND);
-    key.push_str("s:");
+    key.extend_from_slice(b"s:");
     let identity_at = key.len();
-    push_part(&mut key, 'd', domain);
+    push_part(&mut key, b'd', domain);
     for (entry_key, value) in entries {
-        push_part(&mut key, 'k', entry_key);
+        push_part(&mut key, b'k', entry_key);
         match value {
-            EntryValue::Actual(value) => push_part(&mut key, 'v', value),
-            EntryValue::Shared(pattern) => push_part(&mut key, 's', pattern),
+            EntryValue::Actual(value) => push_part(&mut key, b'v', value),
+            EntryValue::Shared(pattern) => push_part(&mut key, b's', pattern),
         }
     }
-    let tag = hex16(fnv1a64(&key.as_bytes()[identity_at..]));
-    // The digits are ASCII, so the fallback is never taken.
-    let tag = std::str::from_utf8(&tag).unwrap_or(PLACEHOLDER);
-    key.replace_range(tag_at..tag_at + PLACEHOLDER.len(), tag);
+    let tag = hex16(fnv1a64(&key[identity_at..]));
+    key[tag_at..tag_at + TAG_DIGITS].copy_from_slice(&tag);
     if key.len() - identity_at > MAX_INLINE_IDENTITY {
-        let digest = Sha256::digest(&key.as_bytes()[identity_at..]);
+        let digest = Sha256::digest(&key[identity_at..]);
         key.truncate(identity_at);
-        key.push('#');
+        key.push(b'#');
         for byte in digest {
-            let _ = write!(key, "{byte:02x}");
+            key.extend_from_slice(&hex2(byte));
         }
     }
-    CounterKey(key)
+    // Every byte pushed is ASCII or comes whole from a `&str`, so the key is UTF-8 and the
+    // lossy fallback is never taken.
+    CounterKey(String::from_utf8(key).unwrap_or_else(|bad| {
+        String::from_utf8_lossy(bad.as_bytes()).into_owned()
+    }))
 }
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// `value` as 16 lowercase hex digits, without allocating.
 fn hex16(value: u64) -> [u8; 16] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 16];
     for (index, digit) in out.iter_mut().enumerate() {
-        *digit = DIGITS[((value >> (60 - 4 * index)) & 0xf) as usize];
+        *digit = HEX_DIGITS[((value >> (60 - 4 * index)) & 0xf) as usize];
     }
     out
 }
 
-fn push_part(out: &mut String, marker: char, part: &str) {
+/// `byte` as 2 lowercase hex digits.
+fn hex2(byte: u8) -> [u8; 2] {
+    [
+        HEX_DIGITS[usize::from(byte >> 4)],
+        HEX_DIGITS[usize::from(byte & 0xf)],
+    ]
+}
+
+fn push_part(out: &mut Vec<u8>, marker: u8, part: &str) {
     out.push(marker);
     push_decimal(out, part.len() as u64);
-    out.push(':');
-    out.push_str(part);
+    out.push(b':');
+    out.extend_from_slice(part.as_bytes());
 }
 
 /// `value` in decimal: what `write!(out, "{value}")` writes, without the formatting machinery
-/// (a third of a key's cost).
-fn push_decimal(out: &mut String, mut value: u64) {
+/// (a third of a key's cost). Most numbers in a key (lengths, windows) are one digit.
+fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
+    if value < 10 {
+        out.push(b'0' + value as u8);
+        return;
+    }
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    loop {
+    while value > 0 {
         start -= 1;
         digits[start] = b'0' + (value % 10) as u8;
         value /= 10;
-        if value == 0 {
-            break;
-        }
     }
-    // ASCII digits only.
-    out.push_str(std::str::from_utf8(&digits[start..]).unwrap_or_default());
+    out.extend_from_slice(&digits[start..]);
 }
 
 /// FNV-1a, 64 bits: stable across versions and machines (unlike std's `DefaultHasher`), so
@@ -164,9 +174,9 @@ mod tests {
     #[test]
     fn decimals_are_written_as_format_writes_them() {
         for value in [0, 7, 10, 99, 1_000, 86_400, u64::MAX] {
-            let mut out = String::from("x");
+            let mut out = b"x".to_vec();
             push_decimal(&mut out, value);
-            assert_eq!(out, format!("x{value}"));
+            assert_eq!(out, format!("x{value}").into_bytes());
         }
     }
 

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use tracing::Instrument;
 
 use crate::algorithm::Outcome;
@@ -50,7 +51,8 @@ pub enum DescriptorStatus {
 pub struct Decision {
     pub overall: Code,
     pub statuses: Vec<DescriptorStatus>,
-    /// Per descriptor, the `metadata` of the rule it matched, if any.
+    /// Per descriptor, the `metadata` of the rule it matched, if any; empty when no descriptor
+    /// matched a rule with metadata.
     pub metadata: Vec<Option<Arc<serde_json::Value>>>,
 }
 
@@ -70,6 +72,10 @@ pub struct RateLimiter {
     modes: Modes,
     metrics: Arc<Metrics>,
 }
+
+/// Per request, one item per descriptor (or per counter, for hits), held inline for the
+/// common request of one descriptor with one limit: deciding it allocates only its key.
+type PerDescriptor<T> = SmallVec<[T; 1]>;
 
 /// What one descriptor resolved to before counting.
 enum Resolved<'r> {
@@ -127,7 +133,7 @@ impl RateLimiter {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
-        let mut hits = Vec::new();
+        let mut hits = PerDescriptor::new();
         for (index, (descriptor, found)) in request.descriptors.iter().zip(&matches).enumerate() {
             self.resolve(request, index, descriptor, found, &replaced, &mut hits);
         }
@@ -145,8 +151,8 @@ impl RateLimiter {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
-        let mut hits = Vec::with_capacity(request.descriptors.len());
-        let resolved: Vec<Resolved<'_>> = request
+        let mut hits = PerDescriptor::new();
+        let resolved: PerDescriptor<Resolved<'_>> = request
             .descriptors
             .iter()
             .zip(&matches)
@@ -182,16 +188,7 @@ impl RateLimiter {
         let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
         let overall = if over { Code::OverLimit } else { Code::Ok };
         self.record(request, &matches, &resolved, &outcomes);
-        // A replaced rule's metadata does not count (its descriptor reports no limit).
-        let metadata = matches
-            .iter()
-            .zip(&resolved)
-            .map(|(found, resolved)| match (found, resolved) {
-                (_, Resolved::NoLimit) => None,
-                (Found::Rule(found), _) => found.rule.metadata.clone(),
-                _ => None,
-            })
-            .collect();
+        let metadata = rule_metadata(&matches, &resolved);
         let statuses: Vec<DescriptorStatus> = resolved
             .into_iter()
             .map(|resolved| status(resolved, &outcomes))
@@ -203,15 +200,15 @@ impl RateLimiter {
         })
     }
 
-    fn resolve<'r>(
+    fn resolve<'f, 'r: 'f>(
         &self,
         request: &Request,
         index: usize,
         descriptor: &Descriptor,
-        found: &'r Found<'r>,
+        found: &'f Found<'r>,
         replaced: &[&str],
-        hits: &mut Vec<Hit>,
-    ) -> Resolved<'r> {
+        hits: &mut PerDescriptor<Hit>,
+    ) -> Resolved<'f> {
         let (limits, rule, role) = match found {
             Found::NoDomain | Found::NoRule => return Resolved::NoLimit,
             Found::Override(limit) => (std::slice::from_ref(limit), None, Role::Enforced),
@@ -332,7 +329,7 @@ enum Found<'r> {
     Rule(Match<'r>),
 }
 
-fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> Vec<Found<'r>> {
+fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> PerDescriptor<Found<'r>> {
     let Some(domain) = rules.domain(&request.domain) else {
         return request
             .descriptors
@@ -349,6 +346,24 @@ fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> Vec<Found<'r>
             None => matcher::find(domain, &descriptor.entries).map_or(Found::NoRule, Found::Rule),
         })
         .collect()
+}
+
+/// Per descriptor, the metadata of the rule it matched; empty (no allocation) when none has
+/// any. A replaced rule's metadata does not count (its descriptor reports no limit).
+fn rule_metadata(
+    matches: &[Found<'_>],
+    resolved: &[Resolved<'_>],
+) -> Vec<Option<Arc<serde_json::Value>>> {
+    let of = |(found, resolved): (&Found<'_>, &Resolved<'_>)| match (found, resolved) {
+        (_, Resolved::NoLimit) => None,
+        (Found::Rule(found), _) => found.rule.metadata.clone(),
+        _ => None,
+    };
+    let pairs = || matches.iter().zip(resolved);
+    if pairs().all(|pair| of(pair).is_none()) {
+        return Vec::new();
+    }
+    pairs().map(of).collect()
 }
 
 /// Every name listed in `replaces` by a matched rule.
@@ -421,11 +436,11 @@ fn reported(outcomes: &[Outcome]) -> (usize, Outcome) {
 }
 
 /// The counter identity of a descriptor: its entries, with a shared bucket's pattern in place
-/// of the value where the matched node has `share_threshold`.
+/// of the value where the matched node has `share_threshold`. Held inline up to four entries.
 fn identity<'a>(
     descriptor: &'a Descriptor,
     found: &'a Found<'_>,
-) -> Vec<(&'a str, EntryValue<'a>)> {
+) -> SmallVec<[(&'a str, EntryValue<'a>); 4]> {
     descriptor
         .entries
         .iter()

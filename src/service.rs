@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::builder::BoolishValueParser;
+use tonic::codegen::http;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -262,9 +263,13 @@ impl RlsService {
     }
 }
 
+/// The header a gRPC client's deadline comes in, by a name parsed once rather than per call.
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
 /// The `grpc-timeout` a client sent (`<digits><unit>`, units H M S m u n), if any.
 fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let headers: &http::HeaderMap = metadata.as_ref();
+    let text = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
     let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
     let amount: u64 = digits.parse().ok()?;
     Some(match unit {
@@ -450,6 +455,25 @@ mod tests {
             options,
             Arc::new(Metrics::default()),
         )
+    }
+
+    #[test]
+    fn a_client_deadline_is_read_from_grpc_timeout() {
+        let deadline = |value: Option<&str>| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert("x-other", "1".parse().unwrap());
+            if let Some(value) = value {
+                metadata.insert("grpc-timeout", value.parse().unwrap());
+            }
+            grpc_timeout(&metadata)
+        };
+        assert_eq!(deadline(Some("250m")), Some(Duration::from_millis(250)));
+        assert_eq!(deadline(Some("2S")), Some(Duration::from_secs(2)));
+        assert_eq!(deadline(Some("1H")), Some(Duration::from_secs(3600)));
+        assert_eq!(deadline(Some("20u")), Some(Duration::from_micros(20)));
+        assert_eq!(deadline(Some("5x")), None);
+        assert_eq!(deadline(Some("m")), None);
+        assert_eq!(deadline(None), None);
     }
 
     fn request(value: &str) -> pb::RateLimitRequest {

@@ -442,6 +442,36 @@ async fn redis_over_a_unix_socket_counts_as_over_tcp() {
     assert_eq!(redis.dbsize(), 1);
 }
 
+/// Every counter tollgate writes to Redis expires once it no longer matters: a lone hit's
+/// counter, the counters of a request of several descriptors (counted in one call, their
+/// arguments packed), and an algorithm's state (GCRA, a lone hit's own path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_counter_in_redis_expires_within_its_window() {
+    let redis = common::redis_process::RedisServer::start();
+    let config = config_dir(&[("faults.yaml", LIMITS), ("bucket.yaml", BUCKET)]);
+    let replica = Replica::spawn(config.path(), &["--store", &redis.url()]);
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    let calls = [
+        user("a"),
+        request("faults", &[&[("user", "b")], &[("user", "c")]]),
+        request("bucket", &[&[("user", "d")]]),
+    ];
+    for call in calls {
+        let response = client.should_rate_limit(call).await.unwrap().into_inner();
+        assert_eq!(response.overall_code, OK);
+    }
+    let keys = redis.try_query(&["KEYS", "*"]).unwrap();
+    let keys: Vec<String> = redis::from_redis_value(keys).unwrap();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    for key in &keys {
+        let ttl: i64 = redis.query(&["PTTL", key]).parse().unwrap();
+        // A minute's window, or one GCRA emission interval (an hour / 10).
+        let longest = if key.contains("}:gcra") { 360_000 } else { 60_000 };
+        assert!(0 < ttl && ttl <= longest, "{key}: PTTL {ttl} ms");
+    }
+}
+
 /// `--store-key-prefix` (the reference's CACHE_KEY_PREFIX): every key in Redis starts with it,
 /// counting is unchanged, and a reset finds the prefixed key. Also `--metrics-addr`: the
 /// metrics alone on a port of their own, at `--metrics-path`.

@@ -134,6 +134,11 @@ impl Call<'_> {
             Value::Int(packed) => vec![packed],
             raw => decode(raw)?,
         };
+        let mut values = values;
+        if entry == Entry::Count && self.sends_distinct() {
+            // The distinct mode answers its counts first and committed last.
+            values.rotate_right(1);
+        }
         match entry {
             Entry::Apply => Ok(values),
             Entry::Count => counter::general_reply(
@@ -269,12 +274,20 @@ impl Call<'_> {
         let counted_first = matches!(self.mode, Mode::Apply)
             && self.charge != Charge::Always
             && self.node.is_none()
+            && self.hits.len() <= MAX_DISTINCT
             && self.hits.iter().enumerate().all(distinct);
         if counted_first {
-            "distinct"
+            DISTINCT
         } else {
             self.mode_name()
         }
+    }
+
+    /// Whether the call goes to lua/counter.lua's `distinct` mode (not one hit alone, which has
+    /// its own arguments).
+    fn sends_distinct(&self) -> bool {
+        !matches!((self.hits, self.mode, self.node), ([_], Mode::Apply, None))
+            && self.count_mode_name() == DISTINCT
     }
 
     fn flag(on: bool) -> &'static str {
@@ -298,11 +311,32 @@ impl Call<'_> {
                 .arg(denial);
             return;
         }
+        let mode = self.count_mode_name();
         command
-            .arg(self.count_mode_name())
+            .arg(mode)
             .arg(Self::flag(self.charge == Charge::Always))
             .arg(Self::flag(self.complete))
             .arg(self.hits.len());
+        if mode == DISTINCT {
+            let numbers = self.hits.iter().flat_map(|hit| {
+                let role = match hit.role {
+                    Role::Enforced => 0,
+                    Role::Quota => 1,
+                    Role::Shadow => 2,
+                };
+                [hit.params.requests, hit.hits, ttl(hit), role, hit.descriptor as u64]
+            });
+            command.arg(packed(numbers).as_slice());
+            // Every hit's count as text when they share it (the usual case): INCRBY takes it
+            // as is, where a number from the packed argument would be formatted per counter.
+            match self.hits.split_first() {
+                Some((first, rest)) if rest.iter().all(|hit| hit.hits == first.hits) => {
+                    command.arg(first.hits)
+                }
+                _ => command.arg(""),
+            };
+            return;
+        }
         for hit in self.hits {
             command
                 .arg(hit.params.requests)
@@ -318,16 +352,19 @@ impl Call<'_> {
         if let Some(hit) = self.lone_hit_found() {
             let params = &hit.params;
             let tick = found::tick(params);
+            let numbers = [
+                instant / tick,
+                params.requests,
+                (params.window / tick).max(1),
+                params.algorithm.parameter_in_ticks(tick),
+                hit.hits,
+                u64::from(self.charge == Charge::Always),
+                tick,
+                self.slack_ms(instant),
+            ];
             command
                 .arg(params.algorithm.key_tag())
-                .arg(instant / tick)
-                .arg(params.requests)
-                .arg((params.window / tick).max(1))
-                .arg(params.algorithm.parameter_in_ticks(tick))
-                .arg(hit.hits)
-                .arg(Self::flag(self.charge == Charge::Always))
-                .arg(tick)
-                .arg(self.slack_ms(instant));
+                .arg(packed(numbers).as_slice());
             return;
         }
         command
@@ -379,6 +416,25 @@ impl Call<'_> {
             }
         };
     }
+}
+
+/// lua/counter.lua's mode for hits on distinct counters, whose arguments are packed.
+const DISTINCT: &str = "distinct";
+
+/// The most hits lua/counter.lua takes in its `distinct` mode (its MAX_DISTINCT): their packed
+/// numbers are unpacked at once, within Lua's stack.
+const MAX_DISTINCT: usize = 1_000;
+
+/// Numbers packed into one argument as lua/prelude.lua's `packed_format` reads them: each a
+/// little-endian signed 64-bit integer. Every number tollgate sends is below 2^52 (the bound
+/// of src/algorithm's exactness) save a time to live past 140,000 years, which is held there:
+/// Lua's numbers are exact only below 2^53.
+fn packed(numbers: impl IntoIterator<Item = u64>) -> Vec<u8> {
+    const EXACT: u64 = 1 << 52;
+    numbers
+        .into_iter()
+        .flat_map(|number| (number.min(EXACT) as i64).to_le_bytes())
+        .collect()
 }
 
 fn role_tag(role: Role) -> &'static str {

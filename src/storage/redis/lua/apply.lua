@@ -3,7 +3,7 @@
 -- request (or, on a cluster, of the hits of one request that live on one node) atomically,
 -- as src/storage/memory.rs does in-process.
 --
--- One hit alone, applied, skips the general bookkeeping: apply_one (short arguments, answers
+-- One hit alone, applied, skips the general bookkeeping: apply_one (packed arguments, answers
 -- the state found), or for a long sliding log apply_one_answered (these arguments, this answer).
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
@@ -83,25 +83,27 @@ end
 
 
 -- One hit alone, the common call (a long sliding log excepted: tollgate sends it the general
--- way): short arguments, in the algorithm's ticks, and the reply is the state the call found,
+-- way): its numbers packed into one argument, in the algorithm's ticks, and the reply is the state the call found,
 -- from which tollgate works out the outcome with the Rust algorithm itself
 -- (src/storage/redis/found.rs; the parity tests hold the two to the same answers). Redis only
 -- reads, decides whether to write, and writes: the general reply and a second decision for a
 -- denied hit's room were about a fifth of what the call cost it.
--- ARGV      tag, now (ticks), limit, window (ticks), parameter (ticks), hits, "1" with
---           --count-denied, tick (µs), ms to keep the counter past its reset (as ARGV[6]).
+-- ARGV      tag, then 8 numbers packed into one argument (prelude.lua): now (ticks),
+--           limit, window (ticks), parameter (ticks), hits, 1 with --count-denied (else 0),
+--           tick (µs), ms to keep the counter past its reset (as ARGV[6]).
 -- Returns   the counter's state as found (nil: none). A denied hit consumes nothing unless
 --           counted (so nothing is written); whether it vetoes is tollgate's to say.
+local ONE_HIT = '<i8i8i8i8i8i8i8i8'
 local function apply_one(key, ARGV)
   local algorithm = ALGORITHMS[ARGV[1]]
-  local now, limit, window = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-  local parameter, amount = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local tick, slack = tonumber(ARGV[8]), tonumber(ARGV[9])
   if algorithm == nil then
     return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[1]) .. ' in hit 1')
   end
-  if now == nil or limit == nil or window == nil or window < 1 or parameter == nil
-    or amount == nil or tick == nil or tick < 1 or slack == nil then
+  if #ARGV[2] ~= 64 then
+    return redis.error_reply('ERR tollgate: malformed hit 1')
+  end
+  local now, limit, window, parameter, amount, charge, tick, slack = unpack_numbers(ONE_HIT, ARGV[2])
+  if window < 1 or tick < 1 then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
   local raw = redis.call('GET', key)
@@ -110,7 +112,7 @@ local function apply_one(key, ARGV)
     state = parse_state(raw)
   end
   local new_state, _, _, reset_after =
-    algorithm.decide(state, now, limit, window, parameter, amount, ARGV[7] == '1')
+    algorithm.decide(state, now, limit, window, parameter, amount, charge == 1)
   if new_state then
     local ttl = max(div_ceil(reset_after * tick, 1000), 1) + slack
     redis.call('SET', key, encode(new_state), 'PX', ttl)
@@ -160,9 +162,9 @@ end
 
 local function apply(KEYS, ARGV)
   if fmod == nil then
-    bind_math()
+    bind_globals()
   end
-  if #ARGV == 9 and #KEYS == 1 then
+  if #ARGV == 2 and #KEYS == 1 then
     return apply_one(KEYS[1], ARGV)
   end
   local mode = ARGV[1]

@@ -9,21 +9,21 @@
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once);
 --           or none, for a call across the slots of one node (keys then follow the hits).
 -- One hit alone (the common call) has its own short arguments: see apply_one.
--- ARGV[1]   "apply", "distinct" (an apply whose counters are all different and whose denied
---           hits consume nothing: see apply_distinct), or "refund" (give back hits a
---           committed call consumed).
+-- ARGV[1]   "apply", "distinct" (an apply whose counters are all different, declared as
+--           keys, and whose denied hits consume nothing; its hits come packed: see
+--           apply_distinct), or "refund" (give back hits a committed call consumed).
 -- ARGV[2]   "1" with --count-denied (denied hits consume too), else "0".
 -- ARGV[3]   "1" when these are all the hits of the request (the whole veto rule applies
 --           here), else "0" (see apply.lua).
 -- ARGV[4]   n, the number of hits.
 -- ARGV[5..] 5 per hit: limit, hits, the counter's time to live in ms were it created now,
 --           role (e enforced|q quota|s shadow), descriptor index (a descriptor's hits are
---           adjacent).
+--           adjacent). "distinct" has them packed instead: see apply_distinct.
 -- then      when KEYS is empty: the n counters, in hit order.
 -- Returns   for "apply", {committed (1|0), then per hit the count its counter held before
---           the hit (after the hits before it in this call)}, and for one hit alone the
---           integer count * 2 + committed; for "refund", {1, then per hit its counter's count
---           after the refund}.
+--           the hit (after the hits before it in this call)}, for "distinct" the same with
+--           committed last, and for one hit alone the integer count * 2 + committed; for
+--           "refund", {1, then per hit its counter's count after the refund}.
 -- Writes    only after every counter is read, except for one hit alone, which is one slot.
 
 -- Numbers passed to redis.call are formatted here: Lua's own conversion writes numbers past
@@ -119,44 +119,98 @@ end
 -- that commits nothing writes nothing; but with no counter twice, each hit's count is what
 -- was read, so the bookkeeping is by position, and an allowed hit is counted by INCRBY (with
 -- its expiry when the counter is new) rather than a SET of a formatted number.
-local function apply_distinct(keys, ARGV, n, complete)
-  local found = redis.call('MGET', unpack(keys))
-  local allowed, out, denied = {}, { 1 }, false
+-- The hits come packed into one argument (prelude.lua), 5 numbers per hit: limit, hits, time
+-- to live in ms were the counter created now, role (ROLE_TAGS), descriptor index; then, as
+-- text, the hits every hit counts when they all count the same (the usual case: INCRBY takes
+-- it as is), else "". The reply is the MGET's own table, each count turned into a number in
+-- place, with committed (1|0) appended: per counter, a table store and a reply element are a
+-- fair part of what this call costs Redis, so it builds no other table unless a hit is denied.
+local ROLE_TAGS = { [0] = 'e', [1] = 'q', [2] = 's' }
+local MAX_DISTINCT = 1000 -- 5 numbers each must fit Lua's stack as one unpack's results
+local distinct_formats = {}
+
+local function distinct_format(n)
+  local format = distinct_formats[n]
+  if format == nil then
+    format = '<' .. string.rep('i8', 5 * n)
+    distinct_formats[n] = format
+  end
+  return format
+end
+
+-- Which hits fit (before + max(hits, 1) <= limit), and their roles and descriptors laid out
+-- for vetoes (first 0, stride 2, role at 1, descriptor at 2).
+local function denial_inputs(counts, hits, n)
+  local allowed, tags = {}, {}
   for i = 1, n do
-    local base = 5 * i
-    local limit, amount, before = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(found[i] or 0)
-    if limit == nil or amount == nil or before == nil then
-      return redis.error_reply('ERR tollgate: malformed hit or counter ' .. i)
+    local at = 5 * i - 5
+    allowed[i] = counts[i] + max(hits[at + 2], 1) <= hits[at + 1]
+    tags[2 * i - 1], tags[2 * i] = ROLE_TAGS[hits[at + 4]], hits[at + 5]
+  end
+  return allowed, tags
+end
+
+local function apply_distinct(keys, packed, amount_text, n, complete)
+  local counts = redis.call('MGET', unpack(keys))
+  local hits = { unpack_numbers(distinct_format(n), packed) }
+  local denied, missing = false, nil
+  for i = 1, n do
+    local raw = counts[i]
+    local before = tonumber(raw or 0)
+    if before == nil then
+      return redis.error_reply('ERR tollgate: malformed counter ' .. i)
     end
-    allowed[i] = before + max(amount, 1) <= limit
-    denied = denied or not allowed[i]
-    out[i + 1] = before
+    if not raw then
+      missing = missing or {}
+      missing[i] = true
+    end
+    counts[i] = before
+    local at = 5 * i - 5
+    if before + max(hits[at + 2], 1) > hits[at + 1] then
+      denied = true
+    end
   end
-  if denied and vetoes(ARGV, n, allowed, 5, 5, 3, 4, complete) then
-    out[1] = 0
-    return out
+  local allowed = nil
+  if denied then
+    local tags
+    allowed, tags = denial_inputs(counts, hits, n)
+    if vetoes(tags, n, allowed, 0, 2, 1, 2, complete) then
+      counts[n + 1] = 0
+      return counts
+    end
   end
   for i = 1, n do
-    local amount = ARGV[5 * i + 1]
-    if allowed[i] and tonumber(amount) > 0 then
-      redis.call('INCRBY', keys[i], amount)
-      if not found[i] then
-        redis.call('PEXPIRE', keys[i], ARGV[5 * i + 2])
+    local amount = hits[5 * i - 3]
+    if amount > 0 and (allowed == nil or allowed[i]) then
+      redis.call('INCRBY', keys[i], amount_text or string.format('%d', amount))
+      if missing and missing[i] then
+        redis.call('PEXPIRE', keys[i], hits[5 * i - 2])
       end
     end
   end
-  return out
+  counts[n + 1] = 1
+  return counts
 end
 
 local function count(KEYS, ARGV)
   if fmod == nil then
-    bind_math()
+    bind_globals()
   end
   if #ARGV == 4 then
     return apply_one(KEYS[1], ARGV)
   end
   local mode, charge, complete = ARGV[1], ARGV[2] == '1', ARGV[3] == '1'
   local n = tonumber(ARGV[4])
+  if mode == 'distinct' then
+    if n == nil or n > MAX_DISTINCT or #KEYS ~= n or #ARGV ~= 6 or #ARGV[5] ~= 40 * n then
+      return redis.error_reply('ERR tollgate: malformed call')
+    end
+    local amount_text = ARGV[6]
+    if amount_text == '' then
+      amount_text = nil
+    end
+    return apply_distinct(KEYS, ARGV[5], amount_text, n, complete)
+  end
   local keys_in_argv = n ~= nil and #KEYS == 0 and #ARGV == 4 + 6 * n
   if n == nil or not (keys_in_argv or (#KEYS == n and #ARGV == 4 + 5 * n)) then
     return redis.error_reply('ERR tollgate: malformed call')
@@ -170,9 +224,6 @@ local function count(KEYS, ARGV)
   end
   if mode == 'refund' then
     return refund(keys, ARGV, n)
-  end
-  if mode == 'distinct' and not keys_in_argv then
-    return apply_distinct(keys, ARGV, n, complete)
   end
 
   -- Every counter read first (declared keys share a slot, so one MGET reads them all; a

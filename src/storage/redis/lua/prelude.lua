@@ -18,13 +18,20 @@
 -- The algorithms by key tag; apply.lua refuses a tag it does not find here.
 local ALGORITHMS = {}
 
--- math's functions, as upvalues: looking one up as a global (the environment, then math)
--- costs Redis more than the arithmetic around it. A library cannot read globals other than
--- `redis` while it loads, so each entry point binds them on its first call.
-local max, min, fmod
-local function bind_math()
-  max, min, fmod = math.max, math.min, math.fmod
+-- math's functions and struct.unpack, as upvalues: looking one up as a global (the
+-- environment, then the library table) costs Redis more than the arithmetic around it. A
+-- library cannot read globals other than `redis` while it loads, so each entry point binds
+-- them on its first call.
+local max, min, fmod, unpack_numbers
+local function bind_globals()
+  max, min, fmod, unpack_numbers = math.max, math.min, math.fmod, struct.unpack
 end
+
+-- Numbers tollgate packs into one argument are read by struct.unpack with a format of one
+-- 'i8' per number after '<': each a little-endian signed 64-bit integer (exact in Lua up to
+-- 2^53; tollgate sends none past 2^52). One argument holding n numbers costs Redis one
+-- argument object and one Lua string, where n arguments cost n of each and n conversions from
+-- text: on a call of a few numbers, about a sixth of what the call cost.
 
 -- floor(a / b) for non-negative integers.
 local function idiv(a, b)

@@ -467,7 +467,11 @@ async fn every_counter_in_redis_expires_within_its_window() {
     for key in &keys {
         let ttl: i64 = redis.query(&["PTTL", key]).parse().unwrap();
         // A minute's window, or one GCRA emission interval (an hour / 10).
-        let longest = if key.contains("}:gcra") { 360_000 } else { 60_000 };
+        let longest = if key.contains("}:gcra") {
+            360_000
+        } else {
+            60_000
+        };
         assert!(0 < ttl && ttl <= longest, "{key}: PTTL {ttl} ms");
     }
 }

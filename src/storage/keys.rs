@@ -88,9 +88,10 @@ pub fn counter_key<'a>(
     }
     // Every byte pushed is ASCII or comes whole from a `&str`, so the key is UTF-8 and the
     // lossy fallback is never taken.
-    CounterKey(String::from_utf8(key).unwrap_or_else(|bad| {
-        String::from_utf8_lossy(bad.as_bytes()).into_owned()
-    }))
+    CounterKey(
+        String::from_utf8(key)
+            .unwrap_or_else(|bad| String::from_utf8_lossy(bad.as_bytes()).into_owned()),
+    )
 }
 
 const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";

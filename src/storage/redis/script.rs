@@ -324,7 +324,13 @@ impl Call<'_> {
                     Role::Quota => 1,
                     Role::Shadow => 2,
                 };
-                [hit.params.requests, hit.hits, ttl(hit), role, hit.descriptor as u64]
+                [
+                    hit.params.requests,
+                    hit.hits,
+                    ttl(hit),
+                    role,
+                    hit.descriptor as u64,
+                ]
             });
             command.arg(packed(numbers).as_slice());
             // Every hit's count as text when they share it (the usual case): INCRBY takes it

@@ -41,7 +41,8 @@
 //!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
 //!   `statsd`: the metrics sent to statsd under the reference's stat names; `xds`: rules pushed
 //!   by a control plane (`config/xds.rs` reads the resources).
-//! - `limiter`: the decision, free of transport types; `config`: YAML → rules
+//! - `limiter`: the decision, free of transport types (`limiter/stats.rs` counts it in the
+//!   per-limit metrics); `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
 //!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
 //!   reason`).
@@ -52,7 +53,8 @@
 //!   sentinels), `storage/redis/slots.rs` which node, `storage/redis/refund.rs` giving back
 //!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
 //!   per-second Redis, `storage/redis/library.rs` and its `lua/` what runs there,
-//!   `storage/redis/script.rs` a call to it, `storage/redis/counter.rs` fixed windows as one
+//!   `storage/redis/script.rs` a call to it, `storage/redis/arguments.rs` the call's
+//!   arguments, `storage/redis/counter.rs` fixed windows as one
 //!   integer per window, `storage/redis/found.rs` a lone hit decided from the state Redis
 //!   found, `storage/redis/clock.rs` Redis's clock as a replica tracks it,
 //!   `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs` (timeout

@@ -7,6 +7,8 @@
 //! one call, then build statuses in request order and the overall code (quota and shadow
 //! modes as the reference computes them).
 
+mod stats;
+
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -17,7 +19,7 @@ use crate::algorithm::Outcome;
 use crate::clock::Micros;
 use crate::descriptor::{Descriptor, Request};
 use crate::limit::Limit;
-use crate::metrics::{self, LimitHit, Metrics};
+use crate::metrics::{self, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
@@ -250,75 +252,6 @@ impl RateLimiter {
             first_hit,
         }
     }
-}
-
-impl RateLimiter {
-    /// Counts every limited descriptor in the per-limit metrics.
-    fn record(
-        &self,
-        request: &Request,
-        matches: &[Found<'_>],
-        resolved: &[Resolved<'_>],
-        outcomes: &[Outcome],
-    ) {
-        let items = request.descriptors.iter().zip(matches).zip(resolved);
-        for ((descriptor, found), resolved) in items {
-            let Resolved::Limited {
-                limits,
-                rule,
-                first_hit,
-                ..
-            } = resolved
-            else {
-                continue;
-            };
-            let (index, outcome) = reported(&outcomes[*first_hit..*first_hit + limits.len()]);
-            let (path, detailed_path, held) = match found {
-                Found::Rule(found) => (
-                    found.rule.path.as_str(),
-                    detailed_path(&request.domain, found, descriptor),
-                    Some(&found.rule.counters),
-                ),
-                _ => ("override", None, None),
-            };
-            self.metrics.count(&LimitHit {
-                domain: &request.domain,
-                path,
-                detailed_path,
-                held,
-                hits: descriptor.hits,
-                limit: u64::from(limits[index].requests_per_unit),
-                remaining: outcome.remaining,
-                allowed: outcome.allowed,
-                shadow: self.modes.global_shadow || rule.is_some_and(|rule| rule.shadow_mode),
-            });
-        }
-    }
-}
-
-/// The stats path with client values, where the rule has `detailed_metric` (every level) or
-/// a level has `value_to_metric`; `None` when it names no client value.
-fn detailed_path(domain: &str, found: &Match<'_>, descriptor: &Descriptor) -> Option<String> {
-    let detailed = found.rule.detailed_metric;
-    if !detailed && !found.nodes.iter().any(|node| node.value_to_metric) {
-        return None;
-    }
-    let mut path = domain.to_owned();
-    for (node, entry) in found.nodes.iter().zip(&descriptor.entries) {
-        path.push('.');
-        if (detailed || node.value_to_metric) && !node.share_threshold {
-            path.push_str(&entry.key);
-            // The reference leaves an empty value out, separator included, unless the rule
-            // has `detailed_metric`.
-            if detailed || !entry.value.is_empty() {
-                path.push('_');
-                path.push_str(&entry.value);
-            }
-        } else {
-            path.push_str(&node.stats_segment());
-        }
-    }
-    Some(path)
 }
 
 /// How one descriptor met the rules.

@@ -19,6 +19,7 @@
 //! `counter.rs` (fixed windows as one integer per window), `found.rs` (one hit alone, decided
 //! from the state Redis found), `clock.rs` (Redis's clock, tracked).
 
+mod arguments;
 mod clock;
 mod connection;
 mod counter;

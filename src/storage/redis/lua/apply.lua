@@ -83,11 +83,11 @@ end
 
 
 -- One hit alone, the common call (a long sliding log excepted: tollgate sends it the general
--- way): its numbers packed into one argument, in the algorithm's ticks, and the reply is the state the call found,
--- from which tollgate works out the outcome with the Rust algorithm itself
--- (src/storage/redis/found.rs; the parity tests hold the two to the same answers). Redis only
--- reads, decides whether to write, and writes: the general reply and a second decision for a
--- denied hit's room were about a fifth of what the call cost it.
+-- way): its numbers packed into one argument, in the algorithm's ticks, and the reply is the
+-- state the call found, from which tollgate works out the outcome with the Rust algorithm
+-- itself (src/storage/redis/found.rs; the parity tests hold the two to the same answers).
+-- Redis only reads, decides whether to write, and writes: the general reply and a second
+-- decision for a denied hit's room were about a fifth of what the call cost it.
 -- ARGV      tag, then 8 numbers packed into one argument (prelude.lua): now (ticks),
 --           limit, window (ticks), parameter (ticks), hits, 1 with --count-denied (else 0),
 --           tick (µs), ms to keep the counter past its reset (as ARGV[6]).
@@ -102,7 +102,8 @@ local function apply_one(key, ARGV)
   if #ARGV[2] ~= 64 then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
-  local now, limit, window, parameter, amount, charge, tick, slack = unpack_numbers(ONE_HIT, ARGV[2])
+  local now, limit, window, parameter, amount, charge, tick, slack =
+    unpack_numbers(ONE_HIT, ARGV[2])
   if window < 1 or tick < 1 then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end

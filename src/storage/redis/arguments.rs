@@ -103,16 +103,11 @@ impl Call<'_> {
             .arg(self.hits.len());
         if mode == DISTINCT {
             let numbers = self.hits.iter().flat_map(|hit| {
-                let role = match hit.role {
-                    Role::Enforced => 0,
-                    Role::Quota => 1,
-                    Role::Shadow => 2,
-                };
                 [
                     hit.params.requests,
                     hit.hits,
                     ttl(hit),
-                    role,
+                    role_code(hit.role),
                     hit.descriptor as u64,
                 ]
             });
@@ -139,6 +134,28 @@ impl Call<'_> {
 
     /// lua/apply.lua's arguments.
     fn apply_args(&self, command: &mut Cmd, instant: Micros) {
+        if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node)
+            && self.lone_hit_found().is_none()
+        {
+            // A long sliding log alone, answered in Redis (apply_one_answered): packed too.
+            let params = &hit.params;
+            let numbers = [
+                instant,
+                params.requests,
+                params.window,
+                found::tick(params),
+                params.algorithm.parameter_in_ticks(found::tick(params)),
+                hit.hits,
+                u64::from(self.charge == Charge::Always),
+                u64::from(self.complete),
+                role_code(hit.role),
+                self.slack_ms(instant),
+            ];
+            command
+                .arg(params.algorithm.key_tag())
+                .arg(packed(numbers).as_slice());
+            return;
+        }
         if let Some(hit) = self.lone_hit_found() {
             let params = &hit.params;
             let tick = found::tick(params);
@@ -225,6 +242,15 @@ fn packed(numbers: impl IntoIterator<Item = u64>) -> Vec<u8> {
         .into_iter()
         .flat_map(|number| (number.min(EXACT) as i64).to_le_bytes())
         .collect()
+}
+
+/// A role as packed numbers carry it (lua/prelude.lua's ROLE_TAGS).
+fn role_code(role: Role) -> u64 {
+    match role {
+        Role::Enforced => 0,
+        Role::Quota => 1,
+        Role::Shadow => 2,
+    }
 }
 
 fn role_tag(role: Role) -> &'static str {

@@ -4,7 +4,8 @@
 -- as src/storage/memory.rs does in-process.
 --
 -- One hit alone, applied, skips the general bookkeeping: apply_one (packed arguments, answers
--- the state found), or for a long sliding log apply_one_answered (these arguments, this answer).
+-- the state found), or for a long sliding log apply_one_answered (packed arguments, this
+-- answer).
 --
 -- KEYS      the counter of each hit (a counter may appear more than once), all in one slot;
 --           or none, for a call across the slots of one node (the allow-cross-slot-keys
@@ -94,16 +95,9 @@ end
 -- Returns   the counter's state as found (nil: none). A denied hit consumes nothing unless
 --           counted (so nothing is written); whether it vetoes is tollgate's to say.
 local ONE_HIT = '<i8i8i8i8i8i8i8i8'
-local function apply_one(key, ARGV)
-  local algorithm = ALGORITHMS[ARGV[1]]
-  if algorithm == nil then
-    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[1]) .. ' in hit 1')
-  end
-  if #ARGV[2] ~= 64 then
-    return redis.error_reply('ERR tollgate: malformed hit 1')
-  end
+local function apply_one(key, algorithm, packed)
   local now, limit, window, parameter, amount, charge, tick, slack =
-    unpack_numbers(ONE_HIT, ARGV[2])
+    unpack_numbers(ONE_HIT, packed)
   if window < 1 or tick < 1 then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
@@ -121,21 +115,24 @@ local function apply_one(key, ARGV)
   return raw
 end
 
--- One hit alone of a long sliding log, which tollgate sends the general way (its state, what
--- apply_one answers, would be longer than this answer): decided and answered here, as apply
--- does, without apply's per-hit tables or veto bookkeeping (a single hit is vetoed only when
--- denied, and then consumes nothing anyway).
-local function apply_one_answered(key, ARGV, now, slack, charge, complete)
-  local algorithm = ALGORITHMS[ARGV[7]]
-  local limit, window_us, tick = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
-  local parameter, amount, role = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13]
-  if algorithm == nil then
-    return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[7]) .. ' in hit 1')
-  end
-  if limit == nil or window_us == nil or tick == nil or tick < 1 or parameter == nil
-    or amount == nil or role == nil then
+-- One hit alone of a long sliding log (its state, what apply_one answers, would be longer
+-- than this answer): decided and answered here, as apply does, without apply's per-hit tables
+-- or veto bookkeeping (a single hit is vetoed only when denied, and then consumes nothing
+-- anyway).
+-- ARGV      tag, then 10 numbers packed into one argument (prelude.lua): now (µs), limit,
+--           window (µs), tick (µs), parameter (ticks), hits, 1 with --count-denied (else 0),
+--           1 when this is the whole request (else 0), role (ROLE_TAGS), ms to keep the
+--           counter past its reset (as ARGV[6]).
+-- Returns   apply's answer for one hit.
+local ANSWERED_HIT = '<i8i8i8i8i8i8i8i8i8i8'
+local function apply_one_answered(key, algorithm, packed)
+  local now, limit, window_us, tick, parameter, amount, charge_flag, complete_flag, role_code,
+    slack = unpack_numbers(ANSWERED_HIT, packed)
+  local role = ROLE_TAGS[role_code]
+  if tick < 1 or role == nil then
     return redis.error_reply('ERR tollgate: malformed hit 1')
   end
+  local charge, complete = charge_flag == 1, complete_flag == 1
   local window = max(idiv(window_us, tick), 1)
   local at = idiv(now, tick)
   local state = read_state(key) or nil
@@ -166,7 +163,17 @@ local function apply(KEYS, ARGV)
     bind_globals()
   end
   if #ARGV == 2 and #KEYS == 1 then
-    return apply_one(KEYS[1], ARGV)
+    -- One hit alone: its numbers packed, 8 for apply_one, 10 for a long sliding log.
+    local algorithm = ALGORITHMS[ARGV[1]]
+    if algorithm == nil then
+      return redis.error_reply('ERR tollgate: unknown algorithm ' .. tostring(ARGV[1]) .. ' in hit 1')
+    end
+    if #ARGV[2] == 64 then
+      return apply_one(KEYS[1], algorithm, ARGV[2])
+    elseif #ARGV[2] == 80 then
+      return apply_one_answered(KEYS[1], algorithm, ARGV[2])
+    end
+    return redis.error_reply('ERR tollgate: malformed hit 1')
   end
   local mode = ARGV[1]
   local now = tonumber(ARGV[2])
@@ -175,9 +182,6 @@ local function apply(KEYS, ARGV)
   local complete = ARGV[4] == '1'
 
   local count = tonumber(ARGV[5])
-  if mode == 'apply' and #KEYS == 1 and #ARGV == 16 and now ~= nil and slack ~= nil then
-    return apply_one_answered(KEYS[1], ARGV, now, slack, charge, complete)
-  end
   local keys_in_argv = count ~= nil and #KEYS == 0 and #ARGV == 6 + 11 * count
   if now == nil or slack == nil or count == nil
     or not (keys_in_argv or (#KEYS == count and #ARGV == 6 + 10 * count)) then

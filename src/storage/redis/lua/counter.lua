@@ -125,7 +125,6 @@ end
 -- it as is), else "". The reply is the MGET's own table, each count turned into a number in
 -- place, with committed (1|0) appended: per counter, a table store and a reply element are a
 -- fair part of what this call costs Redis, so it builds no other table unless a hit is denied.
-local ROLE_TAGS = { [0] = 'e', [1] = 'q', [2] = 's' }
 local MAX_DISTINCT = 1000 -- 5 numbers each must fit Lua's stack as one unpack's results
 local distinct_formats = {}
 

@@ -27,6 +27,9 @@ local function bind_globals()
   max, min, fmod, unpack_numbers = math.max, math.min, math.fmod, struct.unpack
 end
 
+-- A hit's role as tollgate packs it, and as the veto rule (vetoes) reads it.
+local ROLE_TAGS = { [0] = 'e', [1] = 'q', [2] = 's' }
+
 -- Numbers tollgate packs into one argument are read by struct.unpack with a format of one
 -- 'i8' per number after '<': each a little-endian signed 64-bit integer (exact in Lua up to
 -- 2^53; tollgate sends none past 2^52). One argument holding n numbers costs Redis one

@@ -107,17 +107,20 @@ pub async fn start_envoy_edited(
     run_envoy(&config, ports.admin).await
 }
 
-/// Envoy on `config`, once its admin listener on `admin` says ready (at most 60 s).
+/// Envoy on `config`, once its admin listener on `admin` says ready (at most 60 s). Its log
+/// (warnings and errors) goes to a file beside `config`, quoted when Envoy exits or never
+/// becomes ready: a port taken between choosing it and Envoy binding it shows there.
 pub async fn run_envoy(config: &Path, admin: u16) -> ChildGuard {
+    let log = config.with_extension("log");
     let child = Command::new(envoy_binary())
         .arg("-c")
         .arg(config)
         .args(["--use-dynamic-base-id", "--log-level", "warn"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .expect("spawn envoy");
-    let envoy = ChildGuard(child);
+    let mut envoy = ChildGuard(child);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = tokio::net::TcpStream::connect(loopback(admin))
@@ -127,7 +130,22 @@ pub async fn run_envoy(config: &Path, admin: u16) -> ChildGuard {
         if up {
             return envoy;
         }
-        assert!(Instant::now() < deadline, "envoy never became ready");
+        let exited = envoy.0.try_wait().unwrap();
+        let log_tail = || {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        };
+        assert!(
+            exited.is_none(),
+            "envoy exited ({exited:?}):\n{}",
+            log_tail()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "envoy never became ready:\n{}",
+            log_tail()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -287,16 +287,20 @@ fn rule_metadata(
     matches: &[Found<'_>],
     resolved: &[Resolved<'_>],
 ) -> Vec<Option<Arc<serde_json::Value>>> {
-    let of = |(found, resolved): (&Found<'_>, &Resolved<'_>)| match (found, resolved) {
-        (_, Resolved::NoLimit) => None,
-        (Found::Rule(found), _) => found.rule.metadata.clone(),
-        _ => None,
-    };
+    fn of<'a>(
+        (found, resolved): (&'a Found<'_>, &Resolved<'_>),
+    ) -> Option<&'a Arc<serde_json::Value>> {
+        match (found, resolved) {
+            (_, Resolved::NoLimit) => None,
+            (Found::Rule(found), _) => found.rule.metadata.as_ref(),
+            _ => None,
+        }
+    }
     let pairs = || matches.iter().zip(resolved);
     if pairs().all(|pair| of(pair).is_none()) {
         return Vec::new();
     }
-    pairs().map(of).collect()
+    pairs().map(|pair| of(pair).cloned()).collect()
 }
 
 /// Every name listed in `replaces` by a matched rule.

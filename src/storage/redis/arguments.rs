@@ -134,44 +134,8 @@ impl Call<'_> {
 
     /// lua/apply.lua's arguments.
     fn apply_args(&self, command: &mut Cmd, instant: Micros) {
-        if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node)
-            && self.lone_hit_found().is_none()
-        {
-            // A long sliding log alone, answered in Redis (apply_one_answered): packed too.
-            let params = &hit.params;
-            let numbers = [
-                instant,
-                params.requests,
-                params.window,
-                found::tick(params),
-                params.algorithm.parameter_in_ticks(found::tick(params)),
-                hit.hits,
-                u64::from(self.charge == Charge::Always),
-                u64::from(self.complete),
-                role_code(hit.role),
-                self.slack_ms(instant),
-            ];
-            command
-                .arg(params.algorithm.key_tag())
-                .arg(packed(numbers).as_slice());
-            return;
-        }
-        if let Some(hit) = self.lone_hit_found() {
-            let params = &hit.params;
-            let tick = found::tick(params);
-            let numbers = [
-                instant / tick,
-                params.requests,
-                (params.window / tick).max(1),
-                params.algorithm.parameter_in_ticks(tick),
-                hit.hits,
-                u64::from(self.charge == Charge::Always),
-                tick,
-                self.slack_ms(instant),
-            ];
-            command
-                .arg(params.algorithm.key_tag())
-                .arg(packed(numbers).as_slice());
+        if let ([hit], Mode::Apply, None) = (self.hits, self.mode, self.node) {
+            self.lone_hit_args(command, hit, instant);
             return;
         }
         command
@@ -208,6 +172,45 @@ impl Call<'_> {
                 None => command.arg("").arg(""),
             };
         }
+    }
+
+    /// One hit alone (never a counter here: those go to lua/counter.lua), its numbers packed:
+    /// apply_one's eight, or, for a sliding log whose state would be too long an answer
+    /// (`found::takes`), apply_one_answered's ten.
+    fn lone_hit_args(&self, command: &mut Cmd, hit: &Hit, instant: Micros) {
+        let params = &hit.params;
+        let tick = found::tick(params);
+        let parameter = params.algorithm.parameter_in_ticks(tick);
+        let charge = u64::from(self.charge == Charge::Always);
+        let slack = self.slack_ms(instant);
+        let numbers = if found::takes(params) {
+            packed([
+                instant / tick,
+                params.requests,
+                (params.window / tick).max(1),
+                parameter,
+                hit.hits,
+                charge,
+                tick,
+                slack,
+            ])
+        } else {
+            packed([
+                instant,
+                params.requests,
+                params.window,
+                tick,
+                parameter,
+                hit.hits,
+                charge,
+                u64::from(self.complete),
+                role_code(hit.role),
+                slack,
+            ])
+        };
+        command
+            .arg(params.algorithm.key_tag())
+            .arg(numbers.as_slice());
     }
 
     /// A hit's key: the prefix, the counter's key, and for a counter the number of the window

@@ -213,7 +213,7 @@ impl Call<'_> {
 
     /// The hit of a call that goes by `found.rs`: one hit alone, applied, declared as a key,
     /// not a counter, and with a state short enough (`found::takes`).
-    pub(super) fn lone_hit_found(&self) -> Option<&Hit> {
+    fn lone_hit_found(&self) -> Option<&Hit> {
         match (self.hits, self.mode, self.node) {
             ([hit], Mode::Apply, None) if !is_counter(&hit.params) && found::takes(&hit.params) => {
                 Some(hit)

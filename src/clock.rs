@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Microseconds since the Unix epoch (instants) or a length of time in microseconds.
 pub type Micros = u64;
@@ -31,6 +31,37 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
             .unwrap_or(0)
+    }
+}
+
+/// The wall clock as it read when this clock was made, advanced since by the monotonic clock:
+/// a step of the wall clock (an NTP correction, an operator) does not move it. For measuring
+/// an offset to another machine's clock, which a step would falsify until measured again.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    wall: Micros,
+    since: Instant,
+}
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        Self {
+            wall: SystemClock.now(),
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now(&self) -> Micros {
+        let elapsed = u64::try_from(self.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.wall.saturating_add(elapsed)
     }
 }
 

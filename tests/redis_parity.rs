@@ -9,6 +9,7 @@
 mod common;
 
 use common::redis_process::RedisServer;
+use common::rng::Rng;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
@@ -19,22 +20,6 @@ const SECOND: Micros = MICROS_PER_SECOND;
 const DAY: Micros = 86_400 * SECOND;
 /// November 2026, so that instants are as large as in production.
 const START: Micros = 1_795_000_000 * SECOND + 123_457;
-
-/// A small deterministic generator (xorshift64*), so a failure reproduces.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, bound: u64) -> u64 {
-        if bound == 0 { 0 } else { self.next() % bound }
-    }
-}
 
 /// A step: the gap since the previous call and the hits, shaped by the window and limit so
 /// that calls land inside windows, across boundaries and after long pauses.
@@ -238,6 +223,7 @@ async fn run_sequence(
                 complete: false,
                 expected: &last.reported,
                 prefix: "",
+                grace_ms: 0,
             };
             call.invoke(connection)
                 .await
@@ -261,6 +247,7 @@ async fn run_sequence(
                 complete: true,
                 expected: &[],
                 prefix: "",
+                grace_ms: 0,
             };
             let values: Vec<i64> = call
                 .invoke(connection)

@@ -43,6 +43,7 @@ async fn send(
         complete: false,
         expected,
         prefix: "",
+        grace_ms: 0,
     };
     parse_reply(&call.invoke(connection).await.unwrap(), hits.len()).unwrap()
 }

@@ -25,6 +25,7 @@ pub mod rlqs;
 use codec::{call, encoded};
 
 use crate::client::ClientArgs;
+use crate::clock::{Clock, SystemClock};
 use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 
 /// `tollgate bench`: what to send, how hard, and for how long.
@@ -81,6 +82,11 @@ pub struct BenchArgs {
     /// Print the report as JSON.
     #[arg(long, env = "TOLLGATE_BENCH_JSON", value_parser = BoolishValueParser::new())]
     pub json: bool,
+
+    /// Write the instant each OK answer arrived (Unix µs, one per line, in order) to this
+    /// file: a hot key's admissions per window are counted from it (`scripts/hot-key`).
+    #[arg(long, env = "TOLLGATE_BENCH_OK_TIMES")]
+    pub ok_times: Option<std::path::PathBuf>,
 }
 
 /// What one run measured (after the warm-up).
@@ -137,10 +143,12 @@ struct Tally {
     errors: u64,
     unsent: u64,
     first_error: Option<String>,
+    /// With `--ok-times`: when each OK answer arrived (Unix µs).
+    ok_times: Option<Vec<u64>>,
 }
 
 impl Tally {
-    fn new() -> Result<Self, hdrhistogram::CreationError> {
+    fn new(keep_ok_times: bool) -> Result<Self, hdrhistogram::CreationError> {
         // 1 µs to 60 s at 3 significant digits.
         Ok(Self {
             latency: Histogram::new_with_bounds(1, 60_000_000, 3)?,
@@ -150,6 +158,7 @@ impl Tally {
             errors: 0,
             unsent: 0,
             first_error: None,
+            ok_times: keep_ok_times.then(Vec::new),
         })
     }
 
@@ -162,6 +171,9 @@ impl Tally {
                     self.over_limit += 1;
                 } else {
                     self.ok += 1;
+                    if let Some(times) = &mut self.ok_times {
+                        times.push(SystemClock.now());
+                    }
                 }
             }
             Err(status) if status.code() == tonic::Code::ResourceExhausted => self.shed += 1,
@@ -183,6 +195,9 @@ impl Tally {
         self.unsent += other.unsent;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
+        }
+        if let (Some(times), Some(others)) = (&mut self.ok_times, &other.ok_times) {
+            times.extend_from_slice(others);
         }
         Ok(())
     }
@@ -235,18 +250,18 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                     let channel = channels[task % channels.len()].clone();
                     let requests = Arc::clone(&requests);
                     let stride = args.concurrency.max(1);
+                    let tally = Tally::new(args.ok_times.is_some());
                     tokio::spawn(closed_loop(
                         channel,
                         requests,
-                        task,
-                        stride,
-                        measure_from,
-                        end,
+                        (task, stride),
+                        (measure_from, end),
+                        tally,
                     ))
                 })
                 .collect();
             let cpu_before = cpu_probe.await;
-            let mut total = Tally::new()?;
+            let mut total = Tally::new(args.ok_times.is_some())?;
             for task in tasks {
                 total.add(&task.await??)?;
             }
@@ -257,14 +272,17 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
                 channels,
                 Arc::clone(&requests),
                 rate,
-                measure_from,
-                end,
+                (measure_from, end),
+                Tally::new(args.ok_times.is_some())?,
             ));
             let cpu_before = cpu_probe.await;
             (schedule.await??, cpu_before)
         }
     };
     let (total, cpu_before) = total;
+    if let (Some(path), Some(times)) = (&args.ok_times, &total.ok_times) {
+        write_times(path, times)?;
+    }
     let cpu_after = args.server_pid.and_then(server_cpu_ticks);
     let seconds = args.duration.as_secs_f64();
     let answered = total.ok + total.over_limit;
@@ -285,18 +303,26 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
     })
 }
 
+/// The OK answers' instants, sorted, one per line.
+fn write_times(path: &std::path::Path, times: &[u64]) -> anyhow::Result<()> {
+    let mut sorted = times.to_vec();
+    sorted.sort_unstable();
+    let text: String = sorted.iter().map(|time| format!("{time}\n")).collect();
+    std::fs::write(path, text)
+        .map_err(|error| anyhow::anyhow!("--ok-times {}: {error}", path.display()))
+}
+
 /// One closed-loop task: requests `first`, `first + stride`, … until `end`; records only
 /// calls that start after `measure_from`.
 async fn closed_loop(
     channel: Channel,
     requests: Arc<Vec<Bytes>>,
-    first: usize,
-    stride: usize,
-    measure_from: Instant,
-    end: Instant,
+    (first, stride): (usize, usize),
+    (measure_from, end): (Instant, Instant),
+    tally: Result<Tally, hdrhistogram::CreationError>,
 ) -> anyhow::Result<Tally> {
     let mut client = Grpc::new(channel);
-    let mut tally = Tally::new()?;
+    let mut tally = tally?;
     let mut next = first % requests.len();
     loop {
         let started = Instant::now();
@@ -317,10 +343,10 @@ async fn open_loop(
     channels: Vec<Channel>,
     requests: Arc<Vec<Bytes>>,
     rate: u64,
-    measure_from: Instant,
-    end: Instant,
+    (measure_from, end): (Instant, Instant),
+    tally: Tally,
 ) -> anyhow::Result<Tally> {
-    let tally = Arc::new(Mutex::new(Tally::new()?));
+    let tally = Arc::new(Mutex::new(tally));
     let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
     let start = Instant::now();
     let mut calls = tokio::task::JoinSet::new();

@@ -81,11 +81,23 @@ impl Hasher for PassThrough {
     }
 }
 
-/// One shard: its counters, and the CLOCK hand (an index into them) for eviction.
+/// One shard: its counters, the CLOCK hand (an index into them) for eviction, and the latest
+/// instant it was used at.
 #[derive(Default)]
 struct Shard {
     counters: IndexMap<Digest, Slot, BuildHasherDefault<PassThrough>>,
     hand: usize,
+    latest: Micros,
+}
+
+impl Shard {
+    /// The instant to decide or sweep at: `now`, or the latest instant this shard was used at
+    /// if the clock stepped back since. A counter is then never decided at an instant before
+    /// one it was swept at (which would find it gone and count its window again from zero).
+    fn at(&mut self, now: Micros) -> Micros {
+        self.latest = self.latest.max(now);
+        self.latest
+    }
 }
 
 struct Slot {
@@ -146,6 +158,7 @@ impl MemoryStore {
                     Mutex::new(Shard {
                         counters: IndexMap::with_capacity_and_hasher(reserved, Default::default()),
                         hand: 0,
+                        latest: 0,
                     })
                 })
                 .collect(),
@@ -207,6 +220,7 @@ impl MemoryStore {
         let now = self.clock.now();
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
+            let now = shard.at(now);
             let held = shard.counters.len();
             shard.counters.retain(|_, slot| slot.expires_at() > now);
             let swept = held - shard.counters.len();
@@ -232,8 +246,9 @@ impl MemoryStore {
     }
 
     /// Decides `hits` with every involved shard locked (see the module docs). The clock is
-    /// read once the locks are held, so a counter's state never comes from a later instant
-    /// than the decision's.
+    /// read once the locks are held, and never taken back past a shard's latest instant
+    /// (`Shard::at`), so a counter's state never comes from a later instant than the
+    /// decision's.
     fn apply_with(&self, hits: &[Hit], now: impl FnOnce() -> Micros) -> Vec<Outcome> {
         if let [hit] = hits {
             return vec![self.apply_one(hit, now)];
@@ -248,7 +263,10 @@ impl MemoryStore {
             .map(|&index| lock(&self.shards[index]))
             .collect();
         let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
-        let now = now();
+        let now = guards.iter_mut().fold(now(), |now, shard| shard.at(now));
+        for shard in &mut guards {
+            shard.at(now);
+        }
 
         let stored: Vec<Option<State>> = digests
             .iter()
@@ -279,7 +297,7 @@ impl MemoryStore {
     fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Outcome {
         let digest = self.digest(&hit.key);
         let mut shard = lock(&self.shards[Self::shard_of(digest)]);
-        let now = now();
+        let now = shard.at(now());
         let mut slot = shard.counters.get_mut(&digest);
         if let Some(slot) = slot.as_deref_mut() {
             slot.mark_used();

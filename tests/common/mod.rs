@@ -6,6 +6,7 @@ pub mod certs;
 pub mod envoy;
 pub mod redis_process;
 pub mod rlqs;
+pub mod rng;
 pub mod xds;
 
 use std::io::{Read, Write};

@@ -28,7 +28,8 @@ fn window_start(params: &Params, instant: Micros) -> Micros {
 }
 
 /// How long a counter created at `instant` lives: to the end of its window, in whole ms, plus
-/// `slack_ms` (an explicit clock does not run with Redis's, which expires keys).
+/// `slack_ms`, the grace that lets a hit of the window arriving late still find it
+/// (`clock::grace`; longer with an explicit clock, which does not run with Redis's).
 pub fn ttl_ms(params: &Params, instant: Micros, slack_ms: u64) -> u64 {
     let end = window_start(params, instant) + params.window.max(1);
     (end - instant).div_ceil(1000).max(1) + slack_ms

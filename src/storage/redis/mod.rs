@@ -78,6 +78,7 @@ impl RedisStore {
         // rediss:// goes through rustls, which needs a process-wide crypto provider; an
         // error only means one is installed already.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        let timeout = options.timeout;
         let store = Arc::new(Self {
             connections: Arc::new(OnceLock::new()),
             next: AtomicUsize::new(0),
@@ -87,7 +88,7 @@ impl RedisStore {
             spec: spec.clone(),
             options,
             topology: Arc::default(),
-            clock: Arc::new(RedisClock::system()),
+            clock: Arc::new(RedisClock::system(timeout)),
         });
         let slot = Arc::clone(&store.connections);
         let topology = Arc::downgrade(&store.topology);
@@ -109,11 +110,12 @@ impl RedisStore {
                             known.refresh(first).await;
                             Topology::keep_fresh(topology, first.clone(), refresh);
                         }
-                        // Redis's clock is known before the first decision.
+                        // Redis's clock is known before the first decision (or, if the sample
+                        // was too slow to trust, a moment later: until then calls fail).
                         if let (Some(first), Some(tracked)) = (connections.first(), clock.upgrade())
                         {
-                            clock::sample(&tracked, first).await;
-                            clock::keep_tracking(clock.clone(), first.clone());
+                            let used = clock::sample(&tracked, first).await;
+                            clock::keep_tracking(clock.clone(), first.clone(), used);
                         }
                         let _ = slot.set(connections);
                         return;
@@ -188,11 +190,18 @@ impl RedisStore {
     }
 
     /// The instant to decide at: the injected clock's (tests), or Redis's as tracked.
-    fn now(&self) -> Micros {
+    fn now(&self) -> Result<Micros, StoreError> {
         match &self.options.clock {
-            Some(clock) => clock.now(),
+            Some(clock) => Ok(clock.now()),
             None => self.clock.now(),
         }
+    }
+
+    /// How long counters are kept past the moment their state stops mattering
+    /// (`clock::grace`), in whole ms.
+    fn grace_ms(&self) -> u64 {
+        let grace = clock::grace(self.options.timeout);
+        u64::try_from(grace.as_micros().div_ceil(1000)).unwrap_or(u64::MAX)
     }
 
     async fn apply_remote(
@@ -211,7 +220,7 @@ impl RedisStore {
         // The whole request in one call (a single Redis, or every counter in one slot): the
         // script applies the whole veto rule itself; no regrouping, no refund.
         if groups.len() <= 1 && !groups.first().is_some_and(|group| group.cross_slot) {
-            let call = self.call(Mode::Apply, hits, None, true);
+            let call = self.call(Mode::Apply, hits, None, true)?;
             return Ok(connection.call(&call).await?.outcomes);
         }
         self.apply_grouped(connection, hits, groups).await
@@ -223,17 +232,18 @@ impl RedisStore {
         hits: &'a [Hit],
         node: Option<(&'a str, u16)>,
         complete: bool,
-    ) -> Call<'a> {
-        Call {
+    ) -> Result<Call<'a>, StoreError> {
+        Ok(Call {
             mode,
             hits,
             node,
-            now: Some(self.now()),
+            now: Some(self.now()?),
             charge: self.options.charge,
             complete,
             expected: &[],
             prefix: &self.options.key_prefix,
-        }
+            grace_ms: self.grace_ms(),
+        })
     }
 
     /// One call per group, all in flight at once (see `gather`). A request with a call that
@@ -369,7 +379,7 @@ impl RedisStore {
         let calls = groups.iter().zip(&grouped).map(|(group, group_hits)| {
             let node = group.node.filter(|_| group.cross_slot);
             async move {
-                let call = self.call(Mode::Apply, group_hits, node, complete);
+                let call = self.call(Mode::Apply, group_hits, node, complete)?;
                 connection.call_on_node(&call).await
             }
         });
@@ -399,15 +409,17 @@ impl CounterStore for RedisStore {
         self.apply_remote(self.connection()?, hits).await
     }
 
+    /// Ready when Redis answers and its clock is known (no decision can be made before).
     async fn ping(&self) -> Result<(), StoreError> {
-        self.connection()?.ping().await
+        self.connection()?.ping().await?;
+        self.now().map(drop)
     }
 
     /// One DEL per counter, all at once: on a cluster each is routed by its key. A counter
     /// of one integer per window (`counter.rs`) is forgotten for the current window.
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.connection()?;
-        let now = self.now();
+        let now = self.now()?;
         let deletes = hits.iter().map(|hit| {
             let mut key = [self.options.key_prefix.as_str(), hit.key.as_str()].concat();
             if counter::is_counter(&hit.params) {

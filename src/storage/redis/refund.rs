@@ -96,6 +96,8 @@ pub async fn give_back(
                 complete: false,
                 expected: &refund.expected,
                 prefix: &prefix,
+                // A refund never creates a counter (it keeps the found one's expiry).
+                grace_ms: 0,
             };
             let connection = &connection;
             async move { connection.call(&call).await }

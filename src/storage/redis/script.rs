@@ -46,6 +46,10 @@ pub struct Call<'a> {
     pub expected: &'a [(i64, i64)],
     /// Put before every key (`--store-key-prefix`); it holds no `{`, so slots are unchanged.
     pub prefix: &'a str,
+    /// How long past the moment its state stops mattering a counter is kept, in ms
+    /// (`clock::grace`): a hit decided at an instant of a window that reaches Redis late must
+    /// find that window's counter, never start it again.
+    pub grace_ms: u64,
 }
 
 /// What a call answered.
@@ -200,14 +204,14 @@ impl Call<'_> {
         }
     }
 
-    /// How long past their windows Redis keeps the counters. Redis expires keys by its own
-    /// clock: an instant more than a minute from this machine's (a test's explicit clock)
-    /// keeps them an hour longer, so that they outlive the run.
+    /// How long past the moment their state stops mattering Redis keeps the counters: the
+    /// grace. Redis expires keys by its own clock: an instant more than a minute from this
+    /// machine's (a test's explicit clock) keeps them an hour, so that they outlive the run.
     pub(super) fn slack_ms(&self, instant: Micros) -> u64 {
         if instant.abs_diff(SystemClock.now()) > 60_000_000 {
-            3_600_000
+            self.grace_ms.max(3_600_000)
         } else {
-            0
+            self.grace_ms
         }
     }
 

@@ -19,8 +19,10 @@
 --           here; "0" when other calls hold the rest (only an enforced denial vetoes here,
 --           the caller refunds when the whole request turns out vetoed).
 -- ARGV[5]   n, the number of hits.
--- ARGV[6]   ms to keep counters past the time their limit is fully available again: 0, or
---           an hour with an explicit clock, which does not run with Redis's.
+-- ARGV[6]   ms to keep counters past the time their limit is fully available again: the
+--           grace (src/storage/redis/clock.rs), so that a hit decided before that time and
+--           arriving late still finds the counter; an hour with an explicit clock, which does
+--           not run with Redis's.
 -- ARGV[7..] 10 per hit: algorithm (its key tag, a key of ALGORITHMS), requests, window µs,
 --           tick µs, parameter (Algorithm::parameter_in_ticks), hits, role (e enforced|q
 --           quota|s shadow), descriptor index (a descriptor's hits are adjacent), and for

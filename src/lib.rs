@@ -47,20 +47,24 @@
 //!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
 //!   reason`).
 //! - `rules` (`rules/matcher.rs`: precedence): the compiled rules; `storage`: the
-//!   `CounterStore` trait and its vocabulary, with `storage/memory.rs` (in-process),
-//!   `storage/redis/` (Redis, Redis Cluster and Redis Sentinel: `storage/redis/url.rs`
-//!   where, `storage/redis/connection.rs` how (`storage/redis/sentinel.rs` behind
-//!   sentinels), `storage/redis/slots.rs` which node, `storage/redis/refund.rs` giving back
-//!   what a vetoed request's other calls consumed, `storage/redis/per_second.rs` the
-//!   per-second Redis, `storage/redis/library.rs` and its `lua/` what runs there,
-//!   `storage/redis/script.rs` a call to it, `storage/redis/arguments.rs` the call's
-//!   arguments, `storage/redis/counter.rs` fixed windows as one
-//!   integer per window, `storage/redis/found.rs` a lone hit decided from the state Redis
-//!   found, `storage/redis/clock.rs` Redis's clock as a replica tracks it,
-//!   `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs` (timeout
-//!   and circuit breaker), `storage/deny_cache.rs` (local answers for known denials),
-//!   `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as served).
-//! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, then one file per
+//!   `CounterStore` trait and its vocabulary, with `storage/rule.rs` (the request rule every
+//!   store applies), `storage/memory/` (in-process: `storage/memory/map.rs` the sharded map),
+//!   `storage/redis/` (Redis, Redis Cluster and Redis Sentinel, by stage:
+//!   `storage/redis/pool.rs` the connections, made in the background, from
+//!   `storage/redis/url.rs` where and `storage/redis/connection.rs` how
+//!   (`storage/redis/sentinel.rs` behind sentinels); `storage/redis/fanout.rs` a request as
+//!   calls, one per node (`storage/redis/slots.rs` which node), and their refunds;
+//!   `storage/redis/call/` the protocol (`storage/redis/call/dispatch.rs` which layout a call
+//!   takes), one file per layout (`storage/redis/call/count_one.rs`,
+//!   `storage/redis/call/count.rs`, `storage/redis/call/decide_one.rs`,
+//!   `storage/redis/call/apply.rs`, `storage/redis/call/give_back.rs`) and
+//!   `storage/redis/call/numbers.rs` the numbers they send; `storage/redis/transport.rs` how a
+//!   call travels, to `storage/redis/library.rs` and its `lua/`; `storage/redis/clock.rs`
+//!   Redis's clock as a replica tracks it; `storage/redis/per_second.rs` the per-second
+//!   Redis; `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs`
+//!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
+//!   denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as served).
+//! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`, then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.

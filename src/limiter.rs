@@ -23,7 +23,8 @@ use crate::metrics::{self, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
-use crate::storage::{CounterStore, Hit, Role, StoreError, rejects};
+use crate::storage::rule::rejects;
+use crate::storage::{CounterStore, Hit, Role, StoreError};
 
 /// A decision code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -81,6 +81,13 @@ async fn run(
         Command::BenchRlqs(args) => run_bench_rlqs(args).await,
         Command::Health(args) => health(args).await,
         Command::Reset(args) => reset(args).await,
+        Command::BenchCalls(args) => {
+            println!(
+                "{}",
+                serde_json::to_string(&bench::calls::run(&args).await?)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -13,7 +13,9 @@ use common::rng::Rng;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
-use tollgate::storage::redis::script::{Call, Mode, parse_reply};
+use tollgate::storage::redis::call::numbers::state_numbers;
+use tollgate::storage::redis::call::{self, Call};
+use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
 const SECOND: Micros = MICROS_PER_SECOND;
@@ -73,17 +75,6 @@ fn op(rng: &mut Rng, charge: Charge) -> Op {
     }
 }
 
-/// A state's numbers, as the script stores them.
-fn numbers(state: &State) -> Vec<u64> {
-    match state {
-        State::FixedWindow(s) => vec![s.window_start, s.count],
-        State::SlidingWindow(s) => vec![s.window_start, s.current, s.previous],
-        State::SlidingLog(s) => s.runs.iter().flat_map(|&(at, n)| [at, n]).collect(),
-        State::TokenBucket(s) => vec![s.level, s.updated],
-        State::Gcra(s) => vec![s.tat, s.remainder],
-    }
-}
-
 /// A fixed window aligned on the epoch is stored as one integer per window, under its key
 /// with the window's number appended (src/storage/redis/counter.rs); the other counters as
 /// their state's numbers under their key.
@@ -138,9 +129,9 @@ async fn stored(
 struct Committed {
     at: Micros,
     hits: u64,
-    /// The state it left, in Rust and as the script reported it.
+    /// The state it left, in Rust and as the call reported it.
     state: Option<State>,
-    reported: Vec<(i64, i64)>,
+    reported: Vec<Option<State>>,
 }
 
 async fn run_sequence(
@@ -215,17 +206,18 @@ async fn run_sequence(
             }
             let one = [hit(last.hits)];
             let call = Call {
-                mode: Mode::Refund { at: last.at },
+                op: call::Op::GiveBack {
+                    at: last.at,
+                    expected: &last.reported,
+                },
                 hits: &one,
                 node: None,
-                now: None,
                 charge,
                 complete: false,
-                expected: &last.reported,
                 prefix: "",
-                grace_ms: 0,
+                grace_ms: 3_600_000,
             };
-            call.invoke(connection)
+            call_on(connection, &call)
                 .await
                 .unwrap_or_else(|error| panic!("{context}: {error}"));
             tally.refunded += 1;
@@ -239,21 +231,17 @@ async fn run_sequence(
                 &calls[..1]
             };
             let call = Call {
-                mode: Mode::Apply,
+                op: call::Op::Apply { now },
                 hits: sent,
                 node: None,
-                now: Some(now),
                 charge,
                 complete: true,
-                expected: &[],
                 prefix: "",
-                grace_ms: 0,
+                grace_ms: 3_600_000,
             };
-            let values: Vec<i64> = call
-                .invoke(connection)
+            let reply = call_on(connection, &call)
                 .await
                 .unwrap_or_else(|error| panic!("{context}: {error}"));
-            let reply = parse_reply(&values, sent.len()).unwrap();
             if op == Op::Veto {
                 tally.vetoed += 1;
                 if expected.allowed {
@@ -269,7 +257,7 @@ async fn run_sequence(
                         at: now,
                         hits,
                         state: state.clone(),
-                        reported: reply.states.clone(),
+                        reported: reply.after.clone(),
                     });
                 }
             }
@@ -282,7 +270,7 @@ async fn run_sequence(
         }
         assert_eq!(
             as_of(&params, now, stored(connection, &key, &params, now).await),
-            as_of(&params, now, state.as_ref().map(numbers)),
+            as_of(&params, now, state.as_ref().map(state_numbers)),
             "{context}: stored state, Lua vs Rust"
         );
     }

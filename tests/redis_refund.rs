@@ -8,10 +8,12 @@
 mod common;
 
 use common::redis_process::RedisServer;
+use tollgate::algorithm::State;
 use tollgate::algorithm::{Algorithm, Charge, Params};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::script::{Call, Mode, Reply, parse_reply};
+use tollgate::storage::redis::call::{Call, Op, Reply};
+use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
 const T0: Micros = 1_795_000_000 * MICROS_PER_SECOND;
@@ -27,25 +29,28 @@ fn hit(user: &str, params: Params, hits: u64) -> Hit {
     }
 }
 
+/// Applies `hits` at `now`, or (`refund`: the consuming call's instant and the states it left)
+/// gives them back.
 async fn send(
     connection: &mut redis::aio::MultiplexedConnection,
-    mode: Mode,
     hits: &[Hit],
     now: Micros,
-    expected: &[(i64, i64)],
+    refund: Option<&[Option<State>]>,
 ) -> Reply {
+    let op = match refund {
+        Some(expected) => Op::GiveBack { at: now, expected },
+        None => Op::Apply { now },
+    };
     let call = Call {
-        mode,
+        op,
         hits,
         node: None,
-        now: Some(now),
         charge: Charge::IfAllowed,
         complete: false,
-        expected,
         prefix: "",
-        grace_ms: 0,
+        grace_ms: 3_600_000,
     };
-    parse_reply(&call.invoke(connection).await.unwrap(), hits.len()).unwrap()
+    call_on(connection, &call).await.unwrap()
 }
 
 #[tokio::test]
@@ -67,34 +72,20 @@ async fn a_bucket_refunds_only_while_unchanged_and_a_window_always() {
         let name = algorithm.name();
         // Unchanged since the consuming call: the hit comes back.
         let one = [hit(&format!("{name}-a"), params, 1)];
-        let took = send(&mut connection, Mode::Apply, &one, T0, &[]).await;
+        let took = send(&mut connection, &one, T0, None).await;
         assert!(took.committed && took.outcomes[0].allowed);
-        let back = send(
-            &mut connection,
-            Mode::Refund { at: took.now },
-            &one,
-            T0,
-            &took.states,
-        )
-        .await;
+        let back = send(&mut connection, &one, T0, Some(&took.after)).await;
         assert_eq!(back.outcomes[0].remaining, 1, "{name}: refunded");
 
         // Another call refilled and consumed since: no refund, or two hits would pass in
         // 0.5 ms.
         let two = [hit(&format!("{name}-b"), params, 1)];
-        let took = send(&mut connection, Mode::Apply, &two, T0, &[]).await;
-        let later = send(&mut connection, Mode::Apply, &two, T0 + 3 * MS / 2, &[]).await;
+        let took = send(&mut connection, &two, T0, None).await;
+        let later = send(&mut connection, &two, T0 + 3 * MS / 2, None).await;
         assert!(later.outcomes[0].allowed, "{name}: the bucket refilled");
-        let back = send(
-            &mut connection,
-            Mode::Refund { at: took.now },
-            &two,
-            T0,
-            &took.states,
-        )
-        .await;
+        let back = send(&mut connection, &two, T0, Some(&took.after)).await;
         assert_eq!(back.outcomes[0].remaining, 0, "{name}: not refunded");
-        let next = send(&mut connection, Mode::Apply, &two, T0 + 2 * MS, &[]).await;
+        let next = send(&mut connection, &two, T0 + 2 * MS, None).await;
         assert!(
             !next.outcomes[0].allowed,
             "{name}: one token per ms, no more"
@@ -108,15 +99,8 @@ async fn a_bucket_refunds_only_while_unchanged_and_a_window_always() {
         window: 60 * MICROS_PER_SECOND,
     };
     let three = [hit("window", window, 1)];
-    let took = send(&mut connection, Mode::Apply, &three, T0, &[]).await;
-    send(&mut connection, Mode::Apply, &three, T0 + MS, &[]).await;
-    let back = send(
-        &mut connection,
-        Mode::Refund { at: took.now },
-        &three,
-        T0,
-        &took.states,
-    )
-    .await;
+    let took = send(&mut connection, &three, T0, None).await;
+    send(&mut connection, &three, T0 + MS, None).await;
+    let back = send(&mut connection, &three, T0, Some(&took.after)).await;
     assert_eq!(back.outcomes[0].remaining, 2, "one of two hits given back");
 }

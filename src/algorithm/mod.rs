@@ -27,6 +27,7 @@ pub mod outcome;
 pub mod parameter;
 pub mod sliding_log;
 pub mod sliding_window;
+pub mod state;
 pub mod token_bucket;
 
 use std::fmt;
@@ -36,6 +37,7 @@ use crate::clock::Micros;
 pub use fixed_window::Anchor;
 pub use outcome::{Charge, MAX_COUNT, Outcome};
 pub use parameter::{Parameter, ParameterError, Parameters};
+pub use state::State;
 
 /// How a limit is counted, with the parameters that only some algorithms have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -253,17 +255,6 @@ impl fmt::Display for Algorithm {
             }
         }
     }
-}
-
-/// Stored state of one counter, whatever its algorithm. Kept to 32 bytes (the memory store
-/// holds a million of them): the sliding log's queue is boxed, being a heap buffer anyway.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum State {
-    FixedWindow(fixed_window::State),
-    SlidingWindow(sliding_window::State),
-    SlidingLog(Box<sliding_log::State>),
-    TokenBucket(token_bucket::State),
-    Gcra(gcra::State),
 }
 
 /// What one call does to a counter: the outcome, the state to store (`None`: leave it as it

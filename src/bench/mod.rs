@@ -19,6 +19,7 @@ use serde::Serialize;
 use tonic::client::Grpc;
 use tonic::transport::Channel;
 
+pub mod calls;
 mod codec;
 pub mod rlqs;
 

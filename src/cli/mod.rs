@@ -14,6 +14,7 @@ use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand};
 
 pub use crate::bench::BenchArgs;
+pub use crate::bench::calls::CallsArgs;
 pub use crate::bench::rlqs::QuotaBenchArgs;
 use crate::client::ClientArgs;
 use crate::pb;
@@ -74,6 +75,10 @@ pub enum Command {
     Reset(ResetArgs),
     /// Exit 0 when the server reports SERVING on gRPC health, else 1 (container health checks).
     Health(HealthArgs),
+    /// Send calls of the Redis protocol (or the floor script) to a Redis, as tollgate sends
+    /// them, and print one JSON line; what they cost Redis is read from Redis around it.
+    #[command(hide = true)]
+    BenchCalls(CallsArgs),
 }
 
 #[derive(Debug, Args)]

@@ -7,13 +7,15 @@
 //! never veto. When vetoed, nothing is consumed and the allowed hits report their unchanged
 //! counters. With `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
 //!
-//! This file is the vocabulary every store shares; `stack.rs` builds the store as served.
+//! This file is the vocabulary every store shares; `rule.rs` is the request rule every store
+//! applies; `stack.rs` builds the store as served.
 
 pub mod deny_cache;
 pub mod guard;
 pub mod keys;
 pub mod memory;
 pub mod redis;
+pub mod rule;
 pub mod stack;
 
 use std::sync::Arc;
@@ -189,36 +191,4 @@ impl Default for StoreOptions {
             clock: None,
         }
     }
-}
-
-/// Whether a request is rejected, given each limited descriptor's role and whether it is
-/// over: an enforced descriptor over, or every quota descriptor over (there being one). Both
-/// the store's veto and the limiter's overall code use this one rule, so what is consumed and
-/// what is answered always agree.
-pub fn rejects(descriptors: impl IntoIterator<Item = (Role, bool)>) -> bool {
-    let mut quota = 0;
-    let mut quota_over = 0;
-    for (role, over) in descriptors {
-        match role {
-            Role::Enforced if over => return true,
-            Role::Quota => {
-                quota += 1;
-                quota_over += usize::from(over);
-            }
-            Role::Enforced | Role::Shadow => {}
-        }
-    }
-    quota > 0 && quota_over == quota
-}
-
-/// Whether the request is vetoed, given which hits were allowed: a descriptor is over when
-/// any of its hits (one per limit) is denied.
-pub fn vetoed(hits: &[Hit], allowed: impl Fn(usize) -> bool) -> bool {
-    let descriptors = hits.chunk_by(|a, b| a.descriptor == b.descriptor);
-    let mut first = 0;
-    rejects(descriptors.map(|group| {
-        let over = (first..first + group.len()).any(|index| !allowed(index));
-        first += group.len();
-        (group[0].role, over)
-    }))
 }

@@ -4,16 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, Value};
 
-use super::library::{self, SCRIPT};
-
-use super::script::{Call, Reply, parse_reply};
+use super::call::{Call, Layout, Reply};
+use super::library::{self, Function};
 use super::sentinel::SentinelLink;
+use super::transport::{self, Plain, Routed};
 use super::url::RedisSpec;
 use crate::storage::StoreError;
 
@@ -36,29 +36,41 @@ impl Connection {
         matches!(self.link, Link::Cluster(_))
     }
 
-    /// Sends a script call routed by its first key (on a single server, the only way).
+    /// Sends a call (on a cluster, to the node of its first key, or to its `node`) in its
+    /// layout, and reads the reply.
     pub async fn call(&self, call: &Call<'_>) -> Result<Reply, StoreError> {
-        let values = match self.link.clone() {
-            Link::Single(mut connection) => call.invoke(&mut connection).await,
-            Link::Cluster(mut connection) => call.invoke_on_cluster(&mut connection).await,
-            Link::Sentinel(link) => call.invoke(&mut link.connection()).await,
-        };
-        let values = values.map_err(|error| self.store_error(error))?;
-        parse_reply(&values, call.hits.len())
+        let layout = Layout::of(call);
+        let reply = self
+            .send(call, layout)
+            .await
+            .map_err(|error| self.store_error(error))?;
+        layout.decode(call, reply)
     }
 
-    /// Sends a call that names its cluster node (`Call::node`) to that node. `Ok(None)`: a
-    /// counter is not (or no longer) on that node, or redis-rs no longer knows the node; the
-    /// script reads every counter before writing any, so such a call changed nothing and can
-    /// be sent again one slot at a time.
+    /// `call` for a call that names its cluster node (`Call::node`). `Ok(None)`: a counter is
+    /// not (or no longer) on that node, or redis-rs no longer knows the node; the layouts read
+    /// every counter before writing any, so such a call changed nothing and can be sent again
+    /// one slot at a time.
     pub async fn call_on_node(&self, call: &Call<'_>) -> Result<Option<Reply>, StoreError> {
-        let (Link::Cluster(mut connection), Some(_)) = (self.link.clone(), call.node) else {
-            return self.call(call).await.map(Some);
-        };
-        match call.invoke_on_cluster(&mut connection).await {
-            Ok(values) => parse_reply(&values, call.hits.len()).map(Some),
-            Err(error) if is_off_node(&error) => Ok(None),
+        let layout = Layout::of(call);
+        match self.send(call, layout).await {
+            Ok(reply) => layout.decode(call, reply).map(Some),
+            Err(error) if call.node.is_some() && is_off_node(&error) => Ok(None),
             Err(error) => Err(self.store_error(error)),
+        }
+    }
+
+    async fn send(&self, call: &Call<'_>, layout: Layout) -> Result<Value, RedisError> {
+        match self.link.clone() {
+            Link::Single(mut connection) => {
+                transport::send(call, layout, &mut Plain(&mut connection)).await
+            }
+            Link::Cluster(mut connection) => {
+                transport::send(call, layout, &mut Routed::new(&mut connection, call)).await
+            }
+            Link::Sentinel(link) => {
+                transport::send(call, layout, &mut Plain(&mut link.connection())).await
+            }
         }
     }
 
@@ -127,6 +139,33 @@ impl Connection {
     }
 }
 
+/// Sends `call` on a connection to one server and reads the reply: for the tests and tools
+/// that talk to one Redis directly.
+pub async fn call_on(
+    connection: &mut impl ConnectionLike,
+    call: &Call<'_>,
+) -> Result<Reply, StoreError> {
+    call_as(connection, call, Layout::of(call)).await
+}
+
+/// `call_on` in a layout of the caller's choosing, which must carry the call (a measurement
+/// of what each layout costs).
+pub async fn call_as(
+    connection: &mut impl ConnectionLike,
+    call: &Call<'_>,
+    layout: Layout,
+) -> Result<Reply, StoreError> {
+    if !layout.carries(call) {
+        return Err(StoreError::Refused(
+            format!("a {} call cannot carry these hits", layout.name()).into(),
+        ));
+    }
+    let reply = transport::send(call, layout, &mut Plain(connection))
+        .await
+        .map_err(|error| store_error(error, Duration::ZERO))?;
+    layout.decode(call, reply)
+}
+
 /// Classifies a Redis error once: no answer in time; not reachable or not ready (refused,
 /// dropped, a cluster down or reconfiguring, a replica loading: redis-rs would retry or
 /// reconnect, and so may we); or an answer that retrying does not change (a wrong password, a
@@ -165,7 +204,7 @@ pub async fn connect_all(
 }
 
 /// Connects and loads the counter code: the function library, or where functions cannot
-/// run, the script.
+/// run, the scripts.
 pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, StoreError> {
     let link = open(spec, timeout)
         .await
@@ -180,7 +219,11 @@ pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, 
             _ => return Ok(connection),
         }
     }
-    connection.load(&SCRIPT).await?;
+    for function in Function::all() {
+        if let Some((script, _)) = function.script().filter(|_| !function.cross_slot) {
+            connection.load(script).await?;
+        }
+    }
     Ok(connection)
 }
 

@@ -1,12 +1,14 @@
-//! The counter code as it lives on a Redis server. The Lua files (`lua/`: the prelude, one file
-//! per algorithm, each with the `decide` and `give_back` of its Rust twin in src/algorithm/,
-//! and `apply.lua`, the entry point) are joined two ways:
+//! The counter code as it lives on a Redis server. The Lua files (`lua/`: the prelude, the
+//! request rule, the state format, one file per algorithm, each with the `decide` and
+//! `give_back` of its Rust twin in src/algorithm/, and one file per call layout of `call/`)
+//! are joined two ways:
 //!
-//! - a **function library** (Redis 7+): loaded once per server by FUNCTION LOAD and called by
-//!   FCALL. Its helpers are defined when it loads, so a call runs only the decision; as a
-//!   script, redefining them cost more than the whole floor of an atomic counter.
-//! - a **script** for servers without functions (Redis before 7, or a user refused FUNCTION or
-//!   FCALL): called by EVALSHA, sent whole by EVAL on NOSCRIPT.
+//! - a **function library** (Redis 7+): loaded once per server by FUNCTION LOAD, one function
+//!   per layout (and per cross-slot form) called by FCALL. Its helpers are defined when it
+//!   loads, so a call runs only the decision; as a script, redefining them cost more than the
+//!   whole floor of an atomic counter.
+//! - **scripts** for servers without functions (Redis before 7, or a user refused FUNCTION or
+//!   FCALL), one per function: called by EVALSHA, sent whole by EVAL on NOSCRIPT.
 //!
 //! Library and function names carry a digest of the code, so replicas of two tollgate
 //! versions sharing a Redis during a rollout each call their own. Functions are replicated
@@ -14,132 +16,134 @@
 //! (restarted without persistence, FUNCTION FLUSH) answers "Function not found" and gets them
 //! again from the call that found out.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 
-/// The parts, in the order the code needs them: helpers, one file per algorithm (each
-/// registers itself by its key tag), the two entry points (`apply(KEYS, ARGV)`, the general
-/// one, and `count(KEYS, ARGV)`, for calls made only of counters: `counter.rs`).
-const SOURCE: [&str; 8] = [
+use super::call::Layout;
+
+/// The parts, in the order the code needs them: helpers, the rule and the state format, one
+/// file per algorithm (each registers itself by its code), one file per layout.
+const SOURCE: [&str; 13] = [
     include_str!("lua/prelude.lua"),
+    include_str!("lua/rule.lua"),
+    include_str!("lua/state.lua"),
     include_str!("lua/fixed_window.lua"),
     include_str!("lua/sliding_window.lua"),
     include_str!("lua/sliding_log.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/gcra.lua"),
+    include_str!("lua/count_one.lua"),
+    include_str!("lua/count.lua"),
+    include_str!("lua/decide_one.lua"),
     include_str!("lua/apply.lua"),
-    include_str!("lua/counter.lua"),
+    include_str!("lua/give_back.lua"),
 ];
 
 static CODE: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
 
-/// Which entry point a call runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
-    Apply,
-    Count,
+/// The first 12 hex digits of the code's SHA1: this version of the code.
+static VERSION: LazyLock<String> = LazyLock::new(|| Script::new(&CODE).get_hash()[..12].to_owned());
+
+/// One function of the library: a layout's entry point, with declared keys or across slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub layout: Layout,
+    pub cross_slot: bool,
 }
 
-impl Entry {
-    fn name(self) -> &'static str {
-        match self {
-            Entry::Apply => "apply",
-            Entry::Count => "count",
-        }
+impl Function {
+    /// Every function the library registers.
+    pub fn all() -> impl Iterator<Item = Function> {
+        Layout::ALL.into_iter().flat_map(|layout| {
+            [false, true]
+                .into_iter()
+                .map(move |cross_slot| Function { layout, cross_slot })
+                .filter(|function| function.entry().is_some())
+        })
+    }
+
+    fn entry(self) -> Option<&'static str> {
+        self.layout.entry(self.cross_slot)
+    }
+
+    /// Its name on the server.
+    pub fn name(self) -> &'static str {
+        NAMES.get(&self).map_or("tollgate_unknown", String::as_str)
+    }
+
+    /// Its script, where functions cannot run, and the script's text.
+    pub fn script(self) -> Option<(&'static Script, &'static str)> {
+        SCRIPTS
+            .get(&self)
+            .map(|(script, text)| (script, text.as_str()))
     }
 }
 
-/// A script running one entry point, with its text and SHA1 computed once; cross-slot ones are
-/// declared `allow-cross-slot-keys` (Redis 7+; older versions cannot even compile them): on a
-/// cluster they may touch the counters of every slot their node serves.
-struct Scripts {
-    text: String,
-    script: Script,
-}
+static NAMES: LazyLock<HashMap<Function, String>> = LazyLock::new(|| {
+    Function::all()
+        .map(|function| {
+            let kind = if function.cross_slot {
+                "_cross_slot"
+            } else {
+                ""
+            };
+            let name = format!("tollgate_{}{kind}_{}", function.layout.name(), *VERSION);
+            (function, name)
+        })
+        .collect()
+});
 
-impl Scripts {
-    fn new(entry: Entry, cross_slot: bool) -> Self {
-        let flags = if cross_slot {
-            "#!lua flags=allow-cross-slot-keys\n"
-        } else {
-            ""
-        };
-        let text = format!("{flags}{}\nreturn {}(KEYS, ARGV)\n", *CODE, entry.name());
-        let script = Script::new(&text);
-        Self { text, script }
-    }
-}
-
-static APPLY: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(Entry::Apply, false));
-static APPLY_CROSS_SLOT: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(Entry::Apply, true));
-static COUNT: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(Entry::Count, false));
-static COUNT_CROSS_SLOT: LazyLock<Scripts> = LazyLock::new(|| Scripts::new(Entry::Count, true));
-
-/// The general script: loaded at connect where functions cannot run.
-pub static SCRIPT: LazyLock<&'static Script> = LazyLock::new(|| &APPLY.script);
-
-/// The general cross-slot script: whether a cluster can load it tells whether it can run
-/// cross-slot calls at all.
-pub static CROSS_SLOT_SCRIPT: LazyLock<&'static Script> =
-    LazyLock::new(|| &APPLY_CROSS_SLOT.script);
-
-/// The first 12 hex digits of the general script's SHA1: this version of the code.
-static VERSION: LazyLock<&'static str> = LazyLock::new(|| &APPLY.script.get_hash()[..12]);
-
-/// The function of an entry point, for calls that declare their keys or cross-slot ones.
-fn function_name(entry: Entry, cross_slot: bool) -> String {
-    let kind = if cross_slot { "_cross_slot" } else { "" };
-    format!("tollgate_{}{kind}_{}", entry.name(), *VERSION)
-}
-
-static FUNCTIONS: LazyLock<[String; 4]> = LazyLock::new(|| {
-    [
-        function_name(Entry::Apply, false),
-        function_name(Entry::Apply, true),
-        function_name(Entry::Count, false),
-        function_name(Entry::Count, true),
-    ]
+/// Cross-slot scripts are declared `allow-cross-slot-keys` (Redis 7+; older versions cannot
+/// even compile them): on a cluster they may touch the counters of every slot their node
+/// serves.
+static SCRIPTS: LazyLock<HashMap<Function, (Script, String)>> = LazyLock::new(|| {
+    Function::all()
+        .filter_map(|function| {
+            let flags = if function.cross_slot {
+                "#!lua flags=allow-cross-slot-keys\n"
+            } else {
+                ""
+            };
+            let text = format!(
+                "{flags}{}\nreturn {}(KEYS, ARGV)\n",
+                *CODE,
+                function.entry()?
+            );
+            Some((function, (Script::new(&text), text)))
+        })
+        .collect()
 });
 
 static LIBRARY_TEXT: LazyLock<String> = LazyLock::new(|| {
     let mut text = format!("#!lua name=tollgate_{}\n{}\n", *VERSION, *CODE);
-    for entry in [Entry::Apply, Entry::Count] {
-        for cross_slot in [false, true] {
-            let flags = if cross_slot {
-                ", flags = { 'allow-cross-slot-keys' }"
-            } else {
-                ""
-            };
+    for function in Function::all() {
+        let flags = if function.cross_slot {
+            ", flags = { 'allow-cross-slot-keys' }"
+        } else {
+            ""
+        };
+        if let Some(entry) = function.entry() {
             text.push_str(&format!(
-                "redis.register_function{{function_name = '{}', callback = {}{flags}}}\n",
-                function(entry, cross_slot),
-                entry.name(),
+                "redis.register_function{{function_name = '{}', callback = {entry}{flags}}}\n",
+                function.name(),
             ));
         }
     }
     text
 });
 
-/// The script of an entry point and its text.
-pub fn script(entry: Entry, cross_slot: bool) -> (&'static Script, &'static str) {
-    let scripts = match (entry, cross_slot) {
-        (Entry::Apply, false) => &*APPLY,
-        (Entry::Apply, true) => &*APPLY_CROSS_SLOT,
-        (Entry::Count, false) => &*COUNT,
-        (Entry::Count, true) => &*COUNT_CROSS_SLOT,
-    };
-    (&scripts.script, scripts.text.as_str())
-}
-
-/// The function of an entry point.
-pub fn function(entry: Entry, cross_slot: bool) -> &'static str {
-    let index = match entry {
-        Entry::Apply => 0,
-        Entry::Count => 2,
-    } + usize::from(cross_slot);
-    &FUNCTIONS[index]
+/// A cross-slot script: whether a cluster can load it tells whether it can run cross-slot
+/// calls at all.
+pub fn cross_slot_probe() -> Option<&'static Script> {
+    Function {
+        layout: Layout::Apply,
+        cross_slot: true,
+    }
+    .script()
+    .map(|(script, _)| script)
 }
 
 /// `FUNCTION LOAD` of the library (on a cluster, redis-rs sends it to every primary unless
@@ -193,19 +197,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_function_is_registered_under_a_name_carrying_the_version() {
+    fn every_layout_is_a_function_carrying_the_version_and_cross_slot_forms_are_flagged() {
         assert_eq!(VERSION.len(), 12);
         assert!(LIBRARY_TEXT.starts_with(&format!("#!lua name=tollgate_{}\n", *VERSION)));
-        let names = FUNCTIONS.clone();
-        assert_eq!(names[0], format!("tollgate_apply_{}", *VERSION));
-        assert_eq!(names[3], format!("tollgate_count_cross_slot_{}", *VERSION));
-        for name in &names {
+        let functions: Vec<Function> = Function::all().collect();
+        assert_eq!(functions.len(), 7);
+        for layout in Layout::ALL {
+            let name = Function {
+                layout,
+                cross_slot: false,
+            }
+            .name();
+            assert_eq!(name, format!("tollgate_{}_{}", layout.name(), *VERSION));
+        }
+        for function in functions {
+            let registered = format!("function_name = '{}'", function.name());
+            assert_eq!(LIBRARY_TEXT.matches(&registered).count(), 1, "{function:?}");
+            let (_, text) = function.script().unwrap();
             assert_eq!(
-                LIBRARY_TEXT
-                    .matches(&format!("function_name = '{name}'"))
-                    .count(),
-                1,
-                "{name}"
+                text.starts_with("#!lua flags=allow-cross-slot-keys\n"),
+                function.cross_slot
             );
         }
         assert_eq!(
@@ -213,16 +224,6 @@ mod tests {
                 .matches("flags = { 'allow-cross-slot-keys' }")
                 .count(),
             2
-        );
-        assert!(
-            script(Entry::Count, true)
-                .1
-                .starts_with("#!lua flags=allow-cross-slot-keys\n")
-        );
-        assert!(
-            script(Entry::Count, false)
-                .1
-                .ends_with("return count(KEYS, ARGV)\n")
         );
     }
 }

@@ -11,10 +11,11 @@
 use std::sync::Arc;
 
 use super::RedisStore;
-use super::refund::Part;
+use super::fanout::Part;
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::MICROS_PER_SECOND;
-use crate::storage::{CounterStore, Hit, StoreError, vetoed};
+use crate::storage::rule::vetoes;
+use crate::storage::{CounterStore, Hit, StoreError};
 
 pub struct PerSecondSplit {
     main: Arc<RedisStore>,
@@ -71,7 +72,7 @@ impl CounterStore for PerSecondSplit {
         place(&mut outcomes, &seconds, &fast);
         let failure = main.failure.take().or(fast.failure.take());
         let give = self.charge == Charge::IfAllowed
-            && (failure.is_some() || vetoed(hits, |index| outcomes[index].allowed));
+            && (failure.is_some() || vetoes(hits, |index| outcomes[index].allowed, true));
         if give {
             let (main_refunds, fast_refunds) = (
                 std::mem::take(&mut main.refunds),

@@ -16,7 +16,7 @@ use arc_swap::ArcSwapOption;
 use redis::Value;
 
 use super::connection::Connection;
-use super::library::CROSS_SLOT_SCRIPT;
+use super::library;
 use crate::storage::{Hit, StoreError};
 
 /// Slots in a Redis Cluster.
@@ -227,7 +227,11 @@ impl Topology {
         if self.cross_slot.load(Ordering::Acquire) == NOT_YET {
             // Once is enough: a node that lacks it later (restarted, promoted) gets it with
             // its first call, by EVAL. Redis before 7 cannot compile it.
-            match connection.load(&CROSS_SLOT_SCRIPT).await {
+            let loaded = match library::cross_slot_probe() {
+                Some(script) => connection.load(script).await,
+                None => Ok(()),
+            };
+            match loaded {
                 Ok(()) => self.cross_slot.store(LOADED, Ordering::Release),
                 Err(error) if error.is_transient() => {
                     tracing::warn!(%error, "loading the cross-slot script failed; one call per slot until it loads");

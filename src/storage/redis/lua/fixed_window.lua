@@ -1,6 +1,5 @@
--- Fixed window (tag fw): src/algorithm/fixed_window.rs in Lua.
+-- Fixed window (code 1): src/algorithm/fixed_window.rs in Lua.
 -- state: {window_start, count}; parameter: anchor (0 epoch-aligned, 1 first hit).
-local MAX_COUNT = 4503599627370496 -- 2^52, algorithm::MAX_COUNT
 
 local fixed_window = {}
 
@@ -39,10 +38,11 @@ function fixed_window.give_back(state, at, _, window, _, count)
   end
 end
 
-ALGORITHMS.fw = fixed_window
+ALGORITHMS[1] = fixed_window
 
--- The same window aligned on the epoch, stored as counter.lua counts it (tag fixed_count):
--- the key names the window, so the state is {count}.
+-- The same window aligned on the epoch, stored as one integer per window (code 0; the
+-- layouts of count_one.lua and count.lua count it by INCRBY): the key names the window, so
+-- the state is {count}.
 local fixed_count = {}
 
 function fixed_count.decide(state, now, limit, window, _, hits, charge)
@@ -63,4 +63,4 @@ function fixed_count.give_back(state, _, _, _, _, count)
   state[1] = max(state[1] - count, 0)
 end
 
-ALGORITHMS.fixed_count = fixed_count
+ALGORITHMS[0] = fixed_count

@@ -1,4 +1,4 @@
--- GCRA (tag gcra): src/algorithm/gcra.rs in Lua.
+-- GCRA (code 5): src/algorithm/gcra.rs in Lua.
 -- state: {tat, remainder}: the theoretical arrival time, tat + remainder / limit ticks;
 -- parameter: burst. Rust keeps the TAT in absolute ticks of 1/limit (now × limit passes
 -- 2^53); here it is kept relative to now (`ahead`), which is at most burst × window ≤ 2^52.
@@ -56,4 +56,4 @@ function gcra.give_back(state, at, limit, window, burst, count)
   state[1], state[2] = at + whole, ahead - whole * limit
 end
 
-ALGORITHMS.gcra = gcra
+ALGORITHMS[5] = gcra

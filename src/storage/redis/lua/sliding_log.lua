@@ -1,4 +1,4 @@
--- Sliding log (tag sl): src/algorithm/sliding_log.rs in Lua.
+-- Sliding log (code 3): src/algorithm/sliding_log.rs in Lua.
 -- state: {at_1, hits_1, at_2, hits_2, ...}: runs of admitted hits, oldest first; at most
 -- `limit` hits in all (the config caps a sliding log's limit at 10,000).
 -- parameter: min_interval in ticks.
@@ -130,4 +130,4 @@ function sliding_log.give_back(state, at, _, _, _, count)
   end
 end
 
-ALGORITHMS.sl = sliding_log
+ALGORITHMS[3] = sliding_log

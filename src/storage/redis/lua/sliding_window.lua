@@ -1,4 +1,4 @@
--- Sliding window counter (tag sw): src/algorithm/sliding_window.rs in Lua.
+-- Sliding window counter (code 2): src/algorithm/sliding_window.rs in Lua.
 -- state: {window_start, current, previous}; counts are at most the limit, so every product
 -- below is at most limit × window.
 
@@ -74,4 +74,4 @@ function sliding_window.give_back(state, at, _, window, _, count)
   end
 end
 
-ALGORITHMS.sw = sliding_window
+ALGORITHMS[2] = sliding_window

@@ -1,4 +1,4 @@
--- Token bucket (tag tb): src/algorithm/token_bucket.rs in Lua.
+-- Token bucket (code 4): src/algorithm/token_bucket.rs in Lua.
 -- state: {level, updated}: the level in units of 1/window token (a token is `window` units,
 -- one tick of refill adds `limit` units); parameter: burst. burst × window ≤ 2^52.
 
@@ -49,4 +49,4 @@ function token_bucket.give_back(state, _, _, window, burst, count)
   end
 end
 
-ALGORITHMS.tb = token_bucket
+ALGORITHMS[4] = token_bucket

@@ -1,0 +1,338 @@
+//! The in-process store (the default): counters in a sharded map bounded by `max_keys`
+//! (`memory/map.rs`), decided by the request rule (`storage::rule`).
+//!
+//! A request locks the shards of its counters in ascending order (so two requests cannot
+//! deadlock), reads the clock, decides every hit, and writes what the rule says while holding
+//! them: that is what makes a request of several descriptors atomic here. Sharding keeps
+//! unrelated requests off each other's locks.
+
+mod map;
+
+use std::sync::{Arc, MutexGuard, Weak};
+use std::time::Duration;
+
+use map::{CounterMap, Digest, Shard};
+
+use super::{CounterStore, Hit, StoreError, rule};
+use crate::algorithm::{Charge, Outcome, State};
+use crate::clock::{Clock, Micros};
+use crate::metrics::Metrics;
+
+pub use map::SHARDS;
+
+/// How often expired counters are removed.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+pub struct MemoryStore {
+    map: CounterMap,
+    charge: Charge,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            map: CounterMap::new(max_keys),
+            charge,
+            clock,
+        }
+    }
+
+    /// Reports key count and evictions in `metrics`.
+    pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
+        self.map.keys_metric = metrics.memory_keys.clone();
+        self.map.evictions_metric = metrics.memory_evictions.clone();
+        self
+    }
+
+    /// Wraps the store and starts its background sweep, which ends when the store is dropped.
+    pub fn start(self) -> Arc<Self> {
+        let store = Arc::new(self);
+        let weak: Weak<Self> = Arc::downgrade(&store);
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                ticks.tick().await;
+                match weak.upgrade() {
+                    Some(store) => store.sweep(),
+                    None => return,
+                }
+            }
+        });
+        store
+    }
+
+    /// Number of counters held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters evicted to stay within `max_keys`.
+    pub fn evictions(&self) -> u64 {
+        self.map.evictions()
+    }
+
+    /// Removes every expired counter.
+    pub fn sweep(&self) {
+        self.map.sweep(self.clock.now());
+    }
+
+    /// Decides `hits` with every involved shard locked (see the module docs). The clock is
+    /// read once the locks are held, and never taken back past a shard's latest instant
+    /// (`Shard::at`), so a counter's state never comes from a later instant than the
+    /// decision's.
+    fn apply_with(&self, hits: &[Hit], now: impl FnOnce() -> Micros) -> Vec<Outcome> {
+        if let [hit] = hits {
+            return vec![self.apply_one(hit, now)];
+        }
+        let digests: Vec<Digest> = hits.iter().map(|hit| self.map.digest(&hit.key)).collect();
+        let shard_of_hit: Vec<usize> = digests.iter().map(|&d| CounterMap::shard_of(d)).collect();
+        let mut locked: Vec<usize> = shard_of_hit.clone();
+        locked.sort_unstable();
+        locked.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> =
+            locked.iter().map(|&index| self.map.lock(index)).collect();
+        let guard_of = |shard: usize| locked.binary_search(&shard).unwrap_or(0);
+        let now = guards.iter_mut().fold(now(), |now, shard| shard.at(now));
+        for shard in &mut guards {
+            shard.at(now);
+        }
+        for (digest, &shard) in digests.iter().zip(&shard_of_hit) {
+            guards[guard_of(shard)].touch(*digest);
+        }
+        let found: Vec<Option<&State>> = digests
+            .iter()
+            .zip(&shard_of_hit)
+            .map(|(digest, &shard)| guards[guard_of(shard)].found(*digest, now))
+            .collect();
+        let decided = rule::decide(hits, &found, now, self.charge, true);
+        drop(found);
+        for ((digest, write), &shard) in digests.iter().zip(decided.writes).zip(&shard_of_hit) {
+            if let Some((state, expires_at)) = write {
+                self.map
+                    .store(&mut guards[guard_of(shard)], *digest, state, expires_at);
+            }
+        }
+        decided.outcomes.into_vec()
+    }
+
+    /// `apply_with` for the common request of one counter: one lock, one map lookup.
+    fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Outcome {
+        let digest = self.map.digest(&hit.key);
+        let mut shard = self.map.lock(CounterMap::shard_of(digest));
+        let now = shard.at(now());
+        shard.touch(digest);
+        let found = shard.found(digest, now);
+        let decided = rule::decide(std::slice::from_ref(hit), &[found], now, self.charge, true);
+        let outcome = decided.outcomes[0];
+        if let Some(Some((state, expires_at))) = decided.writes.into_iter().next() {
+            self.map.store(&mut shard, digest, state, expires_at);
+        }
+        outcome
+    }
+}
+
+#[tonic::async_trait]
+impl CounterStore for MemoryStore {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        Ok(self.apply_with(hits, || self.clock.now()))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        for hit in hits {
+            self.map.remove(self.map.digest(&hit.key));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, Params};
+    use crate::clock::{MICROS_PER_SECOND, ManualClock};
+    use crate::storage::Role;
+    use crate::storage::keys::{EntryValue, counter_key};
+
+    fn hit(user: &str, requests: u64, hits: u64, role: Role) -> Hit {
+        let params = Params {
+            algorithm: Algorithm::default(),
+            requests,
+            window: 60 * MICROS_PER_SECOND,
+        };
+        Hit {
+            descriptor: 0,
+            key: counter_key("d", [("user", EntryValue::Actual(user))], &params),
+            params,
+            hits,
+            role,
+        }
+    }
+
+    impl MemoryStore {
+        /// Decides `hits` at `now`, each hit its own descriptor of one request.
+        fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
+            let numbered: Vec<Hit> = hits
+                .iter()
+                .enumerate()
+                .map(|(descriptor, hit)| Hit {
+                    descriptor,
+                    ..hit.clone()
+                })
+                .collect();
+            self.apply_with(&numbered, || now)
+        }
+    }
+
+    fn store(max_keys: usize, charge: Charge) -> (MemoryStore, ManualClock) {
+        let clock = ManualClock::at_seconds(1_000_020);
+        (
+            MemoryStore::new(max_keys, charge, Arc::new(clock.clone())),
+            clock,
+        )
+    }
+
+    fn remaining(outcomes: &[Outcome]) -> Vec<(bool, u64)> {
+        outcomes.iter().map(|o| (o.allowed, o.remaining)).collect()
+    }
+
+    #[test]
+    fn a_vetoed_request_consumes_nothing_anywhere() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let now = clock.now();
+        let first = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
+        assert_eq!(remaining(&first), [(true, 4), (true, 0)]);
+        let vetoed = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
+        assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
+        let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&after), [(true, 3)]);
+    }
+
+    #[test]
+    fn count_denied_consumes_on_every_descriptor() {
+        let (store, clock) = store(100, Charge::Always);
+        let now = clock.now();
+        store.apply_now(&[hit("b", 1, 1, Role::Enforced)], now);
+        let vetoed = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("b", 1, 1, Role::Enforced),
+            ],
+            now,
+        );
+        assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
+        let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&after), [(true, 3)]);
+    }
+
+    #[test]
+    fn shadow_denials_do_not_veto_and_quota_vetoes_only_when_all_quota_is_over() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let now = clock.now();
+        store.apply_now(&[hit("s", 0, 1, Role::Shadow)], now);
+        let shadowed = store.apply_now(
+            &[hit("a", 5, 1, Role::Enforced), hit("s", 0, 1, Role::Shadow)],
+            now,
+        );
+        assert_eq!(remaining(&shadowed), [(true, 4), (false, 0)]);
+        let one_quota_over = store.apply_now(
+            &[
+                hit("a", 5, 1, Role::Enforced),
+                hit("q1", 0, 1, Role::Quota),
+                hit("q2", 5, 1, Role::Quota),
+            ],
+            now,
+        );
+        assert_eq!(
+            remaining(&one_quota_over),
+            [(true, 3), (false, 0), (true, 4)]
+        );
+        let all_quota_over = store.apply_now(
+            &[hit("a", 5, 1, Role::Enforced), hit("q1", 0, 1, Role::Quota)],
+            now,
+        );
+        assert_eq!(remaining(&all_quota_over), [(true, 3), (false, 0)]);
+    }
+
+    #[test]
+    fn the_same_counter_twice_in_one_request_counts_twice() {
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let outcomes = store.apply_now(
+            &[
+                hit("a", 2, 1, Role::Enforced),
+                hit("a", 2, 1, Role::Enforced),
+            ],
+            clock.now(),
+        );
+        assert_eq!(remaining(&outcomes), [(true, 1), (true, 0)]);
+    }
+
+    #[test]
+    fn least_recently_used_counters_are_evicted_beyond_the_bound() {
+        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        for user in 0..1_000 {
+            store.apply_now(&[hit(&user.to_string(), 5, 1, Role::Enforced)], clock.now());
+        }
+        assert!(store.len() <= SHARDS, "{}", store.len());
+        assert_eq!(store.evictions(), 1_000 - store.len() as u64);
+    }
+
+    #[test]
+    fn a_counter_in_use_outlives_unused_ones_when_evicting() {
+        // Room for 8 counters per shard; one counter is used between every two arrivals.
+        let (store, clock) = store(8 * SHARDS, Charge::IfAllowed);
+        let kept = hit("kept", 5_000, 1, Role::Enforced);
+        for user in 0..2_000 {
+            store.apply_now(std::slice::from_ref(&kept), clock.now());
+            store.apply_now(&[hit(&user.to_string(), 5, 1, Role::Enforced)], clock.now());
+        }
+        let last = store.apply_now(std::slice::from_ref(&kept), clock.now());
+        // Never evicted: all 2,001 of its hits are still counted.
+        assert_eq!(remaining(&last), [(true, 5_000 - 2_001)]);
+        assert_eq!(store.evictions(), 2_001 - store.len() as u64);
+        assert!(store.len() <= 8 * SHARDS);
+    }
+
+    #[test]
+    fn sweep_removes_expired_counters_only() {
+        let metrics = Metrics::default();
+        let (store, clock) = store(100, Charge::IfAllowed);
+        let store = store.with_metrics(&metrics);
+        store.apply_now(&[hit("a", 5, 1, Role::Enforced)], clock.now());
+        // "a" lives until the end of its minute, "b" until the end of the next one.
+        clock.advance(61 * MICROS_PER_SECOND);
+        store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
+        assert_eq!(metrics.memory_keys.get(), 2);
+        clock.advance(30 * MICROS_PER_SECOND);
+        store.sweep();
+        assert_eq!(store.len(), 1);
+        assert_eq!(metrics.memory_keys.get(), 1);
+        // The survivor is the later counter, with its hit still counted.
+        let b = store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
+        assert_eq!(remaining(&b), [(true, 3)]);
+        clock.advance(30 * MICROS_PER_SECOND);
+        store.sweep();
+        assert_eq!(store.len(), 0);
+        assert_eq!(metrics.memory_keys.get(), 0);
+    }
+}

@@ -1,0 +1,71 @@
+//! `Layout::DecideOne` (lua/decide_one.lua): one charged hit of any algorithm but the epoch
+//! fixed window, alone in its call. Redis reads the state, decides, writes what the hit
+//! consumed and answers the state it found; the outcome (remaining, reset, retry, a denied
+//! hit's room) is worked out here from that state by the Rust algorithm and the request rule,
+//! which the parity tests hold to the Lua port's answers.
+
+use redis::{Cmd, Value};
+
+use super::numbers::{code, n, packed, state_of, tick};
+use super::{Call, Reply};
+use crate::algorithm::{Algorithm, Charge, Params};
+use crate::storage::{StoreError, rule};
+
+/// The longest sliding log whose lone hits go this way. The answer is as long as the state, two
+/// numbers per run of hits, and a log holds up to its limit in runs: past this, Apply's answer
+/// of six numbers costs Redis less than sending the log, and tollgate less than parsing it.
+pub const LONGEST_LOG: u64 = 64;
+
+/// Whether a lone hit on a counter with `params` goes this way.
+pub fn takes(params: &Params) -> bool {
+    match params.algorithm {
+        Algorithm::SlidingLog { .. } => params.requests <= LONGEST_LOG,
+        Algorithm::FixedWindow { .. }
+        | Algorithm::SlidingWindow
+        | Algorithm::TokenBucket { .. }
+        | Algorithm::Gcra { .. } => true,
+    }
+}
+
+pub fn encode(call: &Call<'_>, command: &mut Cmd) {
+    let Some(hit) = call.hits.first() else {
+        return;
+    };
+    let params = &hit.params;
+    let tick = tick(params);
+    command.arg(
+        packed([
+            code(params.algorithm),
+            n(call.instant() / tick),
+            n(params.requests),
+            n((params.window / tick).max(1)),
+            n(params.algorithm.parameter_in_ticks(tick)),
+            n(hit.hits),
+            i64::from(call.charge == Charge::Always),
+            n(tick),
+            n(call.grace_ms),
+        ])
+        .as_slice(),
+    );
+}
+
+pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
+    let [hit] = call.hits else {
+        return Err(call.malformed(super::Layout::DecideOne, &reply));
+    };
+    let found = state_of(hit.params.algorithm, &reply)?;
+    let found = [found.as_ref()];
+    let decided = rule::decide(
+        call.hits,
+        &found,
+        call.instant(),
+        call.charge,
+        call.complete,
+    );
+    let after = decided.state_after(call.hits, &found, 0);
+    Ok(Reply {
+        committed: decided.committed,
+        outcomes: decided.outcomes.into_vec(),
+        after: vec![after],
+    })
+}

@@ -1,0 +1,61 @@
+//! Which layout a call takes, and where each layout's encoding and decoding are: the one
+//! place that names them all.
+
+use redis::{Cmd, Value};
+
+use super::numbers::is_counter;
+use super::{Call, Layout, Op, Reply, apply, count, count_one, decide_one, give_back};
+use crate::storage::StoreError;
+
+impl Layout {
+    /// The layout of `call`: the cheapest one that can carry it.
+    pub fn of(call: &Call<'_>) -> Layout {
+        let counters = !call.hits.is_empty() && call.hits.iter().all(|hit| is_counter(&hit.params));
+        match (&call.op, call.hits, call.node) {
+            (Op::GiveBack { .. }, _, _) => Layout::GiveBack,
+            (Op::Apply { .. }, [_], None) if counters => Layout::CountOne,
+            (Op::Apply { .. }, _, _) if counters => Layout::Count,
+            (Op::Apply { .. }, [hit], None) if decide_one::takes(&hit.params) => Layout::DecideOne,
+            (Op::Apply { .. }, _, _) => Layout::Apply,
+        }
+    }
+
+    /// Whether this layout can carry `call` (`of` picks the cheapest that can; a measurement
+    /// may ask for another).
+    pub fn carries(self, call: &Call<'_>) -> bool {
+        let counters = call.hits.iter().all(|hit| is_counter(&hit.params));
+        let lone = call.hits.len() == 1 && call.node.is_none();
+        match (self, &call.op) {
+            (Layout::GiveBack, Op::GiveBack { .. }) => true,
+            (Layout::Apply, Op::Apply { .. }) => true,
+            (Layout::Count, Op::Apply { .. }) => counters,
+            (Layout::CountOne, Op::Apply { .. }) => counters && lone,
+            (Layout::DecideOne, Op::Apply { .. }) => {
+                lone && !counters && call.hits.iter().all(|hit| decide_one::takes(&hit.params))
+            }
+            (_, _) => false,
+        }
+    }
+
+    /// Writes the call's arguments (after its keys, or before them across slots).
+    pub fn encode(self, call: &Call<'_>, command: &mut Cmd) {
+        match self {
+            Layout::CountOne => count_one::encode(call, command),
+            Layout::Count => count::encode(call, command),
+            Layout::DecideOne => decide_one::encode(call, command),
+            Layout::Apply => apply::encode(call, command),
+            Layout::GiveBack => give_back::encode(call, command),
+        }
+    }
+
+    /// Reads the reply to `call`.
+    pub fn decode(self, call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
+        match self {
+            Layout::CountOne => count_one::decode(call, reply),
+            Layout::Count => count::decode(call, reply),
+            Layout::DecideOne => decide_one::decode(call, reply),
+            Layout::Apply => apply::decode(call, reply),
+            Layout::GiveBack => give_back::decode(call, reply),
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! The Redis call protocol: every layout tollgate sends, named by `Layout` and chosen by one
+//! function, `Layout::of` (`dispatch.rs`). Each layout has a file here with its arguments
+//! and its reply's decoding side by side, and a function of the same name in the Lua library
+//! (`lua/<layout>.lua`), called by name; nothing tells layouts apart by counting arguments.
+//! How a call travels (FCALL, the library's load, scripts where functions cannot run) is
+//! `transport.rs`.
+//!
+//! Two kinds of reply: the layouts that answer what their counters held (`CountOne`, `Count`,
+//! `DecideOne`) are decoded by the request rule (`storage::rule`), which works out every
+//! outcome, as the memory store does; the others (`Apply`, `GiveBack`) answer the outcomes
+//! Redis worked out. docs/performance.md has what each layout costs Redis.
+
+mod apply;
+mod count;
+mod count_one;
+mod decide_one;
+mod dispatch;
+mod give_back;
+pub mod numbers;
+
+use crate::algorithm::{Charge, Outcome, State};
+use crate::clock::Micros;
+use crate::storage::{Hit, StoreError};
+use numbers::{is_counter, window_number};
+
+/// How a call's hits go over the wire and come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layout {
+    /// One charged hit on a fixed window aligned on the epoch, the common call: INCRBY, and
+    /// the count found comes back.
+    CountOne,
+    /// Hits on fixed windows aligned on the epoch only: every counter read (MGET), each
+    /// changed one counted by INCRBY; the counts found come back.
+    Count,
+    /// One charged hit of another algorithm (a sliding log only up to `decide_one::LONGEST_LOG`):
+    /// the state found comes back.
+    DecideOne,
+    /// Any hits, decided and answered in Redis.
+    Apply,
+    /// Gives back what a committed call consumed, when its request was vetoed elsewhere.
+    GiveBack,
+}
+
+impl Layout {
+    pub const ALL: [Layout; 5] = [
+        Layout::CountOne,
+        Layout::Count,
+        Layout::DecideOne,
+        Layout::Apply,
+        Layout::GiveBack,
+    ];
+
+    /// The layout's name, which its function in the library carries.
+    pub fn name(self) -> &'static str {
+        match self {
+            Layout::CountOne => "count_one",
+            Layout::Count => "count",
+            Layout::DecideOne => "decide_one",
+            Layout::Apply => "apply",
+            Layout::GiveBack => "give_back",
+        }
+    }
+
+    /// The Lua function a call of this layout runs: with declared keys, or across the slots
+    /// of one node (no declared key: the keys follow the arguments). `None`: the layout has
+    /// no such form.
+    pub fn entry(self, cross_slot: bool) -> Option<&'static str> {
+        match (self, cross_slot) {
+            (Layout::CountOne, false) => Some("count_one"),
+            (Layout::Count, false) => Some("count_declared"),
+            (Layout::Count, true) => Some("count_cross_slot"),
+            (Layout::DecideOne, false) => Some("decide_one"),
+            (Layout::Apply, false) => Some("apply"),
+            (Layout::Apply, true) => Some("apply_cross_slot"),
+            (Layout::GiveBack, false) => Some("give_back"),
+            (Layout::CountOne | Layout::DecideOne | Layout::GiveBack, true) => None,
+        }
+    }
+}
+
+/// What a call does with its hits.
+#[derive(Debug, Clone, Copy)]
+pub enum Op<'a> {
+    /// Decides them at this instant (Redis's clock as tracked, or a test's).
+    Apply { now: Micros },
+    /// Gives back each hit's `hits`, consumed at `at` by a call that left each counter in the
+    /// state `expected` names (per hit), which an `IfUnchanged` algorithm requires it to still
+    /// be in.
+    GiveBack {
+        at: Micros,
+        expected: &'a [Option<State>],
+    },
+}
+
+/// One call: `hits` (all in one slot, or with `node` on one node), and what to do with them.
+pub struct Call<'a> {
+    pub op: Op<'a>,
+    pub hits: &'a [Hit],
+    /// `Some(host, port)`: the hits span several slots of the cluster node at that address,
+    /// and go to it by the layout's cross-slot function, declaring no key (Redis requires
+    /// declared keys to share a slot). With no declared key Redis never redirects the call (no
+    /// MOVED, no ASK, so no ASKING that would make a migrating slot's missing counters look
+    /// local): a counter not on the node fails the read of it, before any write.
+    pub node: Option<(&'a str, u16)>,
+    pub charge: Charge,
+    /// Whether the hits are the whole request (see `storage::rule`).
+    pub complete: bool,
+    /// Put before every key (`--store-key-prefix`); it holds no `{`, so slots are unchanged.
+    pub prefix: &'a str,
+    /// How long past the moment its state stops mattering a counter is kept, in ms
+    /// (`clock::grace`): a hit decided at an instant of a window that reaches Redis late must
+    /// find that window's counter, never start it again.
+    pub grace_ms: u64,
+}
+
+/// What a call answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// Whether the hits were consumed (not vetoed within the call).
+    pub committed: bool,
+    pub outcomes: Vec<Outcome>,
+    /// Per hit, the state its counter holds after the call, where the reply tells it (a
+    /// later refund of an `IfUnchanged` algorithm requires it).
+    pub after: Vec<Option<State>>,
+}
+
+impl Call<'_> {
+    /// The instant the call decides at: a refund's is its consuming call's, so that a
+    /// counter's window is the one that call counted in.
+    pub fn instant(&self) -> Micros {
+        match self.op {
+            Op::Apply { now } => now,
+            Op::GiveBack { at, .. } => at,
+        }
+    }
+
+    /// A hit's key in Redis: the prefix, the counter's key, and for a counter of one integer
+    /// per window the number of the window the call's instant falls in.
+    pub fn key(&self, hit: &Hit) -> String {
+        let key = hit.key.as_str();
+        if is_counter(&hit.params) {
+            let window = window_number(&hit.params, self.instant());
+            format!("{}{key}:{window}", self.prefix)
+        } else {
+            [self.prefix, key].concat()
+        }
+    }
+
+    /// For each hit, the number (1-based) of the hit before it on the same counter, 0 if none:
+    /// how every layout tells a counter named twice, by position.
+    pub fn earlier(&self) -> impl Iterator<Item = i64> + '_ {
+        self.hits.iter().enumerate().map(|(index, hit)| {
+            self.hits[..index]
+                .iter()
+                .rposition(|other| other.key == hit.key)
+                .map_or(0, |before| numbers::n(before as u64 + 1))
+        })
+    }
+
+    /// A reply that does not have the layout's form.
+    pub(super) fn malformed(&self, layout: Layout, reply: &impl std::fmt::Debug) -> StoreError {
+        let shown: String = format!("{reply:?}").chars().take(200).collect();
+        StoreError::MalformedReply(format!(
+            "{} call of {} hits answered {shown}",
+            layout.name(),
+            self.hits.len()
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,243 @@
+//! The numbers every layout sends and reads: packed arguments, the codes the Lua library
+//! knows algorithms and roles by, and a stored state's text. One encoding of each.
+
+use redis::Value;
+
+use crate::algorithm::{
+    Algorithm, Anchor, EXACT_BOUND, Params, State, fixed_window, gcra, sliding_log, sliding_window,
+    token_bucket,
+};
+use crate::clock::Micros;
+use crate::storage::{Role, StoreError};
+
+/// Numbers packed into one argument as the Lua code reads them (prelude.lua's `numbers`):
+/// each a little-endian signed 64-bit integer. One argument holding n numbers costs Redis one
+/// argument object and one Lua string, where n arguments cost n of each and n conversions
+/// from text. Every number tollgate sends is below 2^52 (the bound of src/algorithm's
+/// exactness) save a time to live past 140,000 years, which is held there: Lua's numbers are
+/// exact only below 2^53. -1 (a state number the counter does not have) is sent as is.
+pub fn packed(numbers: impl IntoIterator<Item = i64>) -> Vec<u8> {
+    const EXACT: i64 = 1 << 52;
+    numbers
+        .into_iter()
+        .flat_map(|number| number.min(EXACT).to_le_bytes())
+        .collect()
+}
+
+/// A count, time or limit as a packed number.
+pub fn n(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The code the Lua library registers an algorithm's port under (`ALGORITHMS[code]`). A
+/// fixed window aligned on the epoch is stored as one integer per window (code 0); with its
+/// window started at the first hit, as its two numbers (code 1).
+pub fn code(algorithm: Algorithm) -> i64 {
+    match algorithm {
+        Algorithm::FixedWindow {
+            anchor: Anchor::Epoch,
+        } => 0,
+        Algorithm::FixedWindow {
+            anchor: Anchor::FirstHit,
+        } => 1,
+        Algorithm::SlidingWindow => 2,
+        Algorithm::SlidingLog { .. } => 3,
+        Algorithm::TokenBucket { .. } => 4,
+        Algorithm::Gcra { .. } => 5,
+    }
+}
+
+/// A role as rule.lua reads it.
+pub fn role_code(role: Role) -> i64 {
+    match role {
+        Role::Enforced => 0,
+        Role::Quota => 1,
+        Role::Shadow => 2,
+    }
+}
+
+/// Whether a counter is one integer per window (a fixed window aligned on the epoch).
+pub fn is_counter(params: &Params) -> bool {
+    code(params.algorithm) == 0
+}
+
+/// The tick the counter code counts `params` in (`Params::tick`; a limit no tick keeps exact
+/// is refused by the config, so the fallback is never used in practice).
+pub fn tick(params: &Params) -> Micros {
+    params.tick().unwrap_or(1_000_000)
+}
+
+/// The number of the window `instant` falls in, appended to a counter's key.
+pub fn window_number(params: &Params, instant: Micros) -> u64 {
+    instant / params.window.max(1)
+}
+
+/// Where the window `instant` falls in starts.
+pub fn window_start(params: &Params, instant: Micros) -> Micros {
+    window_number(params, instant) * params.window.max(1)
+}
+
+/// How long a counter created at `instant` lives: to the end of its window, in whole ms, then
+/// `grace_ms`.
+pub fn counter_ttl_ms(params: &Params, instant: Micros, grace_ms: u64) -> u64 {
+    let end = window_start(params, instant) + params.window.max(1);
+    (end - instant).div_ceil(1000).max(1) + grace_ms
+}
+
+/// A state as Redis stores it: a list of numbers, in the ticks its algorithm counts in. Both
+/// directions match exhaustively: a new algorithm is pointed at here.
+pub fn state_numbers(state: &State) -> Vec<u64> {
+    match state {
+        State::FixedWindow(s) => vec![s.window_start, s.count],
+        State::SlidingWindow(s) => vec![s.window_start, s.current, s.previous],
+        State::SlidingLog(s) => s.runs.iter().flat_map(|&(at, n)| [at, n]).collect(),
+        State::TokenBucket(s) => vec![s.level, s.updated],
+        State::Gcra(s) => vec![s.tat, s.remainder],
+    }
+}
+
+/// The state of `algorithm` from its numbers; `None` when they do not have its shape.
+pub fn state_from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State> {
+    Some(match algorithm {
+        Algorithm::FixedWindow { .. } => {
+            let &[window_start, count] = numbers else {
+                return None;
+            };
+            State::FixedWindow(fixed_window::State {
+                window_start,
+                count,
+            })
+        }
+        Algorithm::SlidingWindow => {
+            let &[window_start, current, previous] = numbers else {
+                return None;
+            };
+            State::SlidingWindow(sliding_window::State {
+                window_start,
+                current,
+                previous,
+            })
+        }
+        Algorithm::SlidingLog { .. } => {
+            if !numbers.len().is_multiple_of(2) {
+                return None;
+            }
+            let runs = numbers
+                .chunks_exact(2)
+                .map(|run| (run[0], run[1]))
+                .collect();
+            State::SlidingLog(Box::new(sliding_log::State { runs }))
+        }
+        Algorithm::TokenBucket { .. } => {
+            let &[level, updated] = numbers else {
+                return None;
+            };
+            State::TokenBucket(token_bucket::State { level, updated })
+        }
+        Algorithm::Gcra { .. } => {
+            let &[tat, remainder] = numbers else {
+                return None;
+            };
+            State::Gcra(gcra::State { tat, remainder })
+        }
+    })
+}
+
+/// The state of a counter as Redis answered it: nil (no counter) or its numbers separated by
+/// spaces, each within `EXACT_BOUND` (Lua reads them as doubles: a larger one is not what Lua
+/// decided on).
+pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, StoreError> {
+    let malformed = || {
+        let shown: String = format!("{reply:?}").chars().take(200).collect();
+        StoreError::MalformedReply(format!("counter code answered {shown}"))
+    };
+    let text = match reply {
+        Value::Nil => return Ok(None),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
+        Value::SimpleString(text) => text.as_str(),
+        _ => return Err(malformed()),
+    };
+    let number = |text: &str| match text.parse::<u64>() {
+        Ok(number) if u128::from(number) <= EXACT_BOUND => Ok(number),
+        _ => Err(malformed()),
+    };
+    // A sliding log whose every run was given back is stored empty.
+    let numbers = if text.is_empty() {
+        Vec::new()
+    } else {
+        text.split(' ')
+            .map(number)
+            .collect::<Result<Vec<u64>, StoreError>>()?
+    };
+    state_from_numbers(algorithm, &numbers)
+        .map(Some)
+        .ok_or_else(malformed)
+}
+
+/// The integers of an array reply.
+pub fn integers(reply: Value) -> Result<Vec<i64>, StoreError> {
+    redis::from_redis_value(reply)
+        .map_err(|error| StoreError::MalformedReply(format!("counter code answered: {error}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_of_the_wrong_shape_is_a_malformed_reply() {
+        let gcra = Algorithm::Gcra { burst: 2 };
+        for raw in ["1 2 3", "x 1", "", "1  2", "-1 2", "9007199254740993 0"] {
+            let result = state_of(gcra, &Value::BulkString(raw.as_bytes().to_vec()));
+            assert!(
+                matches!(result, Err(StoreError::MalformedReply(_))),
+                "{raw:?}: {result:?}"
+            );
+        }
+        assert!(state_of(gcra, &Value::Int(3)).is_err());
+        let log = Algorithm::SlidingLog { min_interval: 0 };
+        assert_eq!(
+            state_of(log, &Value::BulkString(Vec::new())).unwrap(),
+            Some(State::SlidingLog(Box::default())),
+            "a log given back entirely"
+        );
+        assert_eq!(state_of(gcra, &Value::Nil).unwrap(), None);
+    }
+
+    #[test]
+    fn numbers_and_states_convert_both_ways() {
+        let states = [
+            (Algorithm::Gcra { burst: 2 }, vec![5, 1]),
+            (Algorithm::TokenBucket { burst: 2 }, vec![7, 9]),
+            (Algorithm::SlidingWindow, vec![10, 2, 3]),
+            (Algorithm::SlidingLog { min_interval: 0 }, vec![1, 2, 3, 4]),
+            (Algorithm::SlidingLog { min_interval: 0 }, vec![]),
+            (
+                Algorithm::FixedWindow {
+                    anchor: Anchor::FirstHit,
+                },
+                vec![4, 6],
+            ),
+        ];
+        for (algorithm, stored) in states {
+            let state = state_from_numbers(algorithm, &stored).unwrap();
+            assert_eq!(state_numbers(&state), stored, "{algorithm:?}");
+        }
+        assert_eq!(state_from_numbers(Algorithm::SlidingWindow, &[1, 2]), None);
+        assert_eq!(
+            state_from_numbers(Algorithm::SlidingLog { min_interval: 0 }, &[1, 2, 3]),
+            None
+        );
+    }
+
+    #[test]
+    fn numbers_are_packed_little_endian_and_held_to_the_exact_bound() {
+        assert_eq!(
+            packed([1, -1]),
+            [
+                1, 0, 0, 0, 0, 0, 0, 0, 255, 255, 255, 255, 255, 255, 255, 255
+            ]
+        );
+        assert_eq!(packed([i64::MAX]), (1i64 << 52).to_le_bytes());
+    }
+}

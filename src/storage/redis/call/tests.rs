@@ -1,0 +1,143 @@
+use redis::Value;
+
+use super::*;
+use crate::algorithm::{Algorithm, Anchor, Params};
+use crate::clock::MICROS_PER_SECOND;
+use crate::storage::Role;
+use crate::storage::keys::{EntryValue, counter_key};
+
+const NOW: Micros = 1_795_000_000 * MICROS_PER_SECOND;
+
+fn hit(user: &str, algorithm: Algorithm, requests: u64) -> Hit {
+    let params = Params {
+        algorithm,
+        requests,
+        window: MICROS_PER_SECOND,
+    };
+    Hit {
+        descriptor: 0,
+        key: counter_key("d", [("user", EntryValue::Actual(user))], &params),
+        params,
+        hits: 1,
+        role: Role::Enforced,
+    }
+}
+
+fn call<'a>(op: Op<'a>, hits: &'a [Hit], node: Option<(&'a str, u16)>) -> Call<'a> {
+    Call {
+        op,
+        hits,
+        node,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms: 110,
+    }
+}
+
+const EPOCH: Algorithm = Algorithm::FixedWindow {
+    anchor: Anchor::Epoch,
+};
+const GCRA: Algorithm = Algorithm::Gcra { burst: 2 };
+
+#[test]
+fn each_call_takes_the_cheapest_layout_that_carries_it() {
+    let apply = Op::Apply { now: NOW };
+    let give_back = Op::GiveBack {
+        at: NOW,
+        expected: &[],
+    };
+    let counter = [hit("a", EPOCH, 5)];
+    let counters = [hit("a", EPOCH, 5), hit("b", EPOCH, 5)];
+    let gcra = [hit("a", GCRA, 5)];
+    let mixed = [hit("a", EPOCH, 5), hit("b", GCRA, 5)];
+    let short_log = [hit("a", Algorithm::SlidingLog { min_interval: 0 }, 64)];
+    let long_log = [hit("a", Algorithm::SlidingLog { min_interval: 0 }, 65)];
+    let node = Some(("127.0.0.1", 7000));
+    let cases = [
+        (call(apply, &counter, None), Layout::CountOne),
+        (call(apply, &counters, None), Layout::Count),
+        (call(apply, &counters, node), Layout::Count),
+        (call(apply, &gcra, None), Layout::DecideOne),
+        (call(apply, &short_log, None), Layout::DecideOne),
+        (call(apply, &long_log, None), Layout::Apply),
+        (call(apply, &mixed, None), Layout::Apply),
+        (call(apply, &mixed, node), Layout::Apply),
+        (call(give_back, &counter, None), Layout::GiveBack),
+        (call(give_back, &mixed, None), Layout::GiveBack),
+    ];
+    for (call, layout) in cases {
+        assert_eq!(Layout::of(&call), layout, "{:?}", call.hits);
+        assert!(layout.entry(call.node.is_some()).is_some());
+    }
+}
+
+#[test]
+fn a_counter_of_one_integer_per_window_is_keyed_by_its_window_and_a_state_by_its_key() {
+    let hits = [hit("a", EPOCH, 5), hit("b", GCRA, 5)];
+    let mut call = call(Op::Apply { now: NOW + 1 }, &hits, None);
+    call.prefix = "team:";
+    assert_eq!(
+        call.key(&hits[0]),
+        format!("team:{}:1795000000", hits[0].key.as_str())
+    );
+    assert_eq!(call.key(&hits[1]), format!("team:{}", hits[1].key.as_str()));
+}
+
+#[test]
+fn a_counter_named_twice_is_told_by_the_position_of_its_earlier_hit() {
+    let hits = [
+        hit("a", EPOCH, 5),
+        hit("b", EPOCH, 5),
+        hit("a", EPOCH, 5),
+        hit("a", EPOCH, 5),
+    ];
+    let call = call(Op::Apply { now: NOW }, &hits, None);
+    assert_eq!(call.earlier().collect::<Vec<_>>(), [0, 0, 1, 3]);
+}
+
+#[test]
+fn count_ones_reply_is_decided_by_the_request_rule() {
+    let hits = [hit("a", EPOCH, 2)];
+    let call = call(Op::Apply { now: NOW }, &hits, None);
+    let reply = Layout::CountOne.decode(&call, Value::Int(1)).unwrap();
+    assert!(reply.committed);
+    assert_eq!(
+        (reply.outcomes[0].allowed, reply.outcomes[0].remaining),
+        (true, 0)
+    );
+    let full = Layout::CountOne.decode(&call, Value::Int(2)).unwrap();
+    assert!(!full.committed && !full.outcomes[0].allowed);
+    assert!(Layout::CountOne.decode(&call, Value::Int(-1)).is_err());
+    assert!(Layout::CountOne.decode(&call, Value::Nil).is_err());
+}
+
+#[test]
+fn a_count_reply_that_disagrees_with_the_rule_is_malformed() {
+    let hits = [hit("a", EPOCH, 1), hit("b", EPOCH, 1)];
+    let call = call(Op::Apply { now: NOW }, &hits, None);
+    let counts =
+        |a, b, committed| Value::Array(vec![Value::Int(a), Value::Int(b), Value::Int(committed)]);
+    assert!(
+        Layout::Count
+            .decode(&call, counts(0, 0, 1))
+            .unwrap()
+            .committed
+    );
+    assert!(
+        !Layout::Count
+            .decode(&call, counts(0, 1, 0))
+            .unwrap()
+            .committed
+    );
+    assert!(matches!(
+        Layout::Count.decode(&call, counts(0, 1, 1)),
+        Err(StoreError::MalformedReply(_))
+    ));
+    assert!(Layout::Count.decode(&call, counts(0, 0, 1)).is_ok());
+    assert!(
+        Layout::Count
+            .decode(&call, Value::Array(vec![Value::Int(0)]))
+            .is_err()
+    );
+}

@@ -1,0 +1,39 @@
+-- Layout DecideOne (src/storage/redis/call/decide_one.rs): one charged hit of any algorithm
+-- but the epoch fixed window, alone in its call (a sliding log only up to a limit of 64: its
+-- state, this layout's answer, grows with its limit). The state is read, decided on, what
+-- the hit consumed written, and the state found answered: tollgate works out the outcome from
+-- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
+-- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
+-- nothing unless counted, whether or not it vetoes.
+-- KEYS[1]   the counter.
+-- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
+--           hits, 1 with --count-denied else 0, tick (µs), grace (ms).
+-- Returns   the counter's state as found (nil: none).
+local DECIDE_ONE = '<i8i8i8i8i8i8i8i8i8'
+
+local function decide_one(keys, argv)
+  if fmod == nil then
+    bind_globals()
+  end
+  local packed = argv[1]
+  if packed == nil or #packed ~= 72 then
+    return malformed('hit 1')
+  end
+  local code, now, limit, window, parameter, amount, charge, tick, grace =
+    unpack_numbers(DECIDE_ONE, packed)
+  local algorithm = ALGORITHMS[code]
+  if algorithm == nil or window < 1 or tick < 1 then
+    return malformed('hit 1')
+  end
+  local raw = redis.call('GET', keys[1])
+  local state = nil
+  if raw then
+    state = parse_state(raw)
+  end
+  local new_state, _, _, reset_after =
+    algorithm.decide(state, now, limit, window, parameter, amount, charge == 1)
+  if new_state then
+    redis.call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))
+  end
+  return raw
+end

@@ -1,0 +1,52 @@
+-- A counter's state as Redis stores it: its numbers (src/algorithm/state.rs, State::numbers)
+-- separated by spaces, under its key; a fixed window aligned on the epoch is one integer per
+-- window, under its key with the window's number appended.
+
+-- The usual states, two or three numbers, are written by one format each; a sliding log's
+-- can hold thousands: more than one call can take.
+local STATE_FORMATS = { '%d', '%d %d', '%d %d %d' }
+
+-- The usual states are taken apart by one match each; a sliding log's number by number.
+local function parse_state(raw)
+  local a, b = string.match(raw, '^(%d+) (%d+)$')
+  if a then
+    return { tonumber(a), tonumber(b) }
+  end
+  local c
+  a, b, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  if a then
+    return { tonumber(a), tonumber(b), tonumber(c) }
+  end
+  local state = {}
+  for number in string.gmatch(raw, '%d+') do
+    state[#state + 1] = tonumber(number)
+  end
+  return state
+end
+
+-- The state under `key`, or false.
+local function read_state(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return false
+  end
+  return parse_state(raw)
+end
+
+local function encode_state(state)
+  local format = STATE_FORMATS[#state]
+  if format then
+    return string.format(format, state[1], state[2], state[3]) -- extra arguments are ignored
+  end
+  local parts = {}
+  for i, number in ipairs(state) do
+    parts[i] = string.format('%d', number)
+  end
+  return table.concat(parts, ' ')
+end
+
+-- How long a counter is kept: until its limit is fully available again (`reset_after` µs),
+-- then the grace (ms; src/storage/redis/clock.rs).
+local function ttl_ms(reset_after, grace)
+  return max(div_ceil(reset_after, 1000), 1) + grace
+end

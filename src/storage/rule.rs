@@ -1,0 +1,177 @@
+//! The request rule, written once: how the hits of one request (or of the part of it one call
+//! holds) are decided together.
+//!
+//! - Hits are decided in order, each on the state the hits before it left: a counter named
+//!   twice counts twice.
+//! - The request is *vetoed* when an enforced descriptor is over, or, when the hits are the
+//!   whole request, when it has quota descriptors and every one is over (`rejects`, which
+//!   also gives the limiter its overall code). Shadow hits never veto. A descriptor is over
+//!   when any of its hits (one per limit) is denied. With `Charge::Always` (`--count-denied`)
+//!   nothing is vetoed: every hit counts, as in the reference.
+//! - A vetoed request consumes nothing: its admitted hits report a check (0 hits) on their
+//!   counters as found.
+//!
+//! The memory store applies `decide` to its map; the Redis layouts that answer the counters
+//! they found are decoded by it (their Lua applies the same rule, `lua/rule.lua`, to decide
+//! what to write, and the decoder checks the two agree).
+
+use smallvec::SmallVec;
+
+use super::{Hit, Role};
+use crate::algorithm::{self, Charge, Outcome, State};
+use crate::clock::Micros;
+
+/// One item per hit, held inline for the common request of one hit.
+pub type PerHit<T> = SmallVec<[T; 1]>;
+
+/// What a request's hits come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub outcomes: PerHit<Outcome>,
+    /// Whether the hits were consumed (not vetoed).
+    pub committed: bool,
+    /// Per hit: for the last hit of each counter the request changed, the state to store and
+    /// when it may be forgotten; `None` for every other hit.
+    pub writes: PerHit<Option<(State, Micros)>>,
+}
+
+impl Decided {
+    /// The state hit `index`'s counter holds after the request: what the request wrote to it,
+    /// else what was found.
+    pub fn state_after(
+        &self,
+        hits: &[Hit],
+        found: &[Option<&State>],
+        index: usize,
+    ) -> Option<State> {
+        let key = &hits[index].key;
+        let last = (index..hits.len())
+            .rev()
+            .find(|&i| hits[i].key == *key)
+            .unwrap_or(index);
+        match &self.writes[last] {
+            Some((state, _)) => Some(state.clone()),
+            None => found[first(hits, index)].cloned(),
+        }
+    }
+}
+
+/// Decides `hits` at `now` on the states their counters were `found` in (per hit; for a
+/// counter named more than once, its first hit's), `complete` when they are the whole request.
+pub fn decide(
+    hits: &[Hit],
+    found: &[Option<&State>],
+    now: Micros,
+    charge: Charge,
+    complete: bool,
+) -> Decided {
+    // Per hit: the state it leaves its counter in, its outcome, and when what it wrote may be
+    // forgotten (`None`: it wrote nothing).
+    let mut left: PerHit<Option<State>> = SmallVec::with_capacity(hits.len());
+    let mut outcomes: PerHit<Outcome> = SmallVec::with_capacity(hits.len());
+    let mut wrote: PerHit<Option<Micros>> = SmallVec::with_capacity(hits.len());
+    for (index, hit) in hits.iter().enumerate() {
+        let before = match earlier(hits, index) {
+            Some(earlier) => left[earlier].as_ref(),
+            None => found[index],
+        };
+        let transition = algorithm::decide(&hit.params, before, now, hit.hits, charge);
+        outcomes.push(transition.outcome);
+        wrote.push(transition.state.as_ref().map(|_| transition.expires_at));
+        let state = transition.state.or_else(|| before.cloned());
+        left.push(state);
+    }
+    let vetoed =
+        charge == Charge::IfAllowed && vetoes(hits, |index| outcomes[index].allowed, complete);
+    let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
+    if vetoed {
+        for (index, hit) in hits.iter().enumerate() {
+            if outcomes[index].allowed {
+                let found = found[first(hits, index)];
+                outcomes[index] =
+                    algorithm::decide(&hit.params, found, now, 0, Charge::IfAllowed).outcome;
+            }
+        }
+        return Decided {
+            outcomes,
+            committed: false,
+            writes,
+        };
+    }
+    for index in 0..hits.len() {
+        let is_last = !hits[index + 1..]
+            .iter()
+            .any(|later| later.key == hits[index].key);
+        let last_write = (0..=index)
+            .rev()
+            .filter(|&i| hits[i].key == hits[index].key)
+            .find_map(|i| wrote[i]);
+        if let (true, Some(expires_at), Some(state)) = (is_last, last_write, left[index].take()) {
+            writes[index] = Some((state, expires_at));
+        }
+    }
+    Decided {
+        outcomes,
+        committed: true,
+        writes,
+    }
+}
+
+/// The hit before `index` on the same counter, if any.
+fn earlier(hits: &[Hit], index: usize) -> Option<usize> {
+    (0..index)
+        .rev()
+        .find(|&before| hits[before].key == hits[index].key)
+}
+
+/// The first hit on hit `index`'s counter.
+fn first(hits: &[Hit], index: usize) -> usize {
+    (0..index)
+        .find(|&before| hits[before].key == hits[index].key)
+        .unwrap_or(index)
+}
+
+/// Whether a request is rejected, given each limited descriptor's role and whether it is
+/// over: an enforced descriptor over, or every quota descriptor over (there being one). Both
+/// the stores' veto and the limiter's overall code use this one rule, so what is consumed and
+/// what is answered always agree.
+pub fn rejects(descriptors: impl IntoIterator<Item = (Role, bool)>) -> bool {
+    rejects_part(descriptors, true)
+}
+
+/// `rejects` for the hits of one call, `complete` when they are the whole request: a call
+/// holding part of it knows only that an enforced denial vetoes (whether every quota
+/// descriptor is over needs every call).
+fn rejects_part(descriptors: impl IntoIterator<Item = (Role, bool)>, complete: bool) -> bool {
+    let mut quota = 0;
+    let mut quota_over = 0;
+    for (role, over) in descriptors {
+        match role {
+            Role::Enforced if over => return true,
+            Role::Quota => {
+                quota += 1;
+                quota_over += usize::from(over);
+            }
+            Role::Enforced | Role::Shadow => {}
+        }
+    }
+    complete && quota > 0 && quota_over == quota
+}
+
+/// Whether hits are vetoed, given which were allowed (a descriptor's hits are adjacent; it
+/// is over when any of them is denied); `complete` as in `rejects_part`.
+pub fn vetoes(hits: &[Hit], allowed: impl Fn(usize) -> bool, complete: bool) -> bool {
+    let descriptors = hits.chunk_by(|a, b| a.descriptor == b.descriptor);
+    let mut first = 0;
+    rejects_part(
+        descriptors.map(|group| {
+            let over = (first..first + group.len()).any(|index| !allowed(index));
+            first += group.len();
+            (group[0].role, over)
+        }),
+        complete,
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,418 @@
+//! Every call layout (`storage::redis::call::Layout`) against the request rule: random requests
+//! (applies, requests vetoed by another descriptor, check-only hits, the same counter twice,
+//! every algorithm, both charges, roles, declared keys and the cross-slot forms, parts of a
+//! request and refunds of committed calls) go to a real redis-server as calls, each in the
+//! layout `Layout::of` gives it, and through the Rust rule (`storage::rule::decide`,
+//! `algorithm::give_back`) on a model of the stored states; requests without refunds go to the
+//! memory store too. Outcomes and every stored state must be identical after each step.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::redis_process::RedisServer;
+use common::rng::Rng;
+use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Outcome, Params, State};
+use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
+use tollgate::storage::keys::{EntryValue, counter_key};
+use tollgate::storage::memory::MemoryStore;
+use tollgate::storage::redis::call::numbers::{is_counter, state_from_numbers, window_start};
+use tollgate::storage::redis::call::{Call, Layout, Op, Reply};
+use tollgate::storage::redis::connection::call_on;
+use tollgate::storage::rule;
+use tollgate::storage::{CounterStore, Hit, Role};
+
+const SECOND: Micros = MICROS_PER_SECOND;
+const START: Micros = 1_795_000_000 * SECOND + 123_457;
+
+/// The counters requests draw from: every algorithm, a long sliding log (which a lone hit
+/// sends by Apply), and a limit of 0 that vetoes whatever carries it.
+fn counters() -> Vec<Params> {
+    let params = |algorithm, requests, window| Params {
+        algorithm,
+        requests,
+        window,
+    };
+    vec![
+        params(Algorithm::default(), 3, 10 * SECOND),
+        params(Algorithm::default(), 5, SECOND),
+        params(
+            Algorithm::FixedWindow {
+                anchor: Anchor::FirstHit,
+            },
+            4,
+            10 * SECOND,
+        ),
+        params(Algorithm::SlidingWindow, 5, 10 * SECOND),
+        params(Algorithm::SlidingLog { min_interval: 0 }, 4, 10 * SECOND),
+        params(Algorithm::SlidingLog { min_interval: 0 }, 100, 60 * SECOND),
+        params(Algorithm::TokenBucket { burst: 3 }, 3, SECOND),
+        params(Algorithm::Gcra { burst: 2 }, 2, SECOND),
+        params(Algorithm::default(), 0, SECOND),
+    ]
+}
+
+/// Counter 8 (limit 0) is over whatever the hits.
+const BLOCKER: usize = 8;
+
+/// What a step sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// One hit on an epoch window.
+    LoneCounter,
+    /// One hit on another algorithm.
+    LoneOther,
+    /// Several hits on epoch windows only.
+    Counters,
+    /// Several hits, algorithms mixed.
+    Mixed,
+}
+
+struct Sequence {
+    rng: Rng,
+    name: String,
+    counters: Vec<Params>,
+    charge: Charge,
+    /// Whether calls may hold part of a request and refunds be sent (the memory store, which
+    /// has neither, is then left out).
+    parts_and_refunds: bool,
+}
+
+impl Sequence {
+    fn hit(&self, counter: usize, descriptor: usize, hits: u64, role: Role) -> Hit {
+        let params = self.counters[counter];
+        Hit {
+            descriptor,
+            key: counter_key(
+                "layouts",
+                [(
+                    "counter",
+                    EntryValue::Actual(&format!("{}-{counter}", self.name)),
+                )],
+                &params,
+            ),
+            params,
+            hits,
+            role,
+        }
+    }
+
+    fn counter_of(&mut self, shape: Shape) -> usize {
+        let epoch = [0, 1];
+        let other = [2, 3, 4, 5, 6, 7];
+        match shape {
+            Shape::LoneCounter | Shape::Counters => epoch[self.rng.below(2) as usize],
+            Shape::LoneOther => other[self.rng.below(6) as usize],
+            Shape::Mixed => self.rng.below(8) as usize,
+        }
+    }
+
+    /// A random request: its hits, in descriptor order, a blocker among them when `veto`.
+    fn request(&mut self, shape: Shape, veto: bool) -> Vec<Hit> {
+        let count = match shape {
+            Shape::LoneCounter | Shape::LoneOther => 1,
+            Shape::Counters | Shape::Mixed => 2 + self.rng.below(3) as usize,
+        };
+        let mut hits = Vec::new();
+        let mut descriptor = 0;
+        for _ in 0..count {
+            let counter = self.counter_of(shape);
+            let amount = match self.rng.below(100) {
+                0..15 => 0,
+                15..80 => 1,
+                80..95 => 2,
+                _ => 5,
+            };
+            let role = match self.rng.below(10) {
+                0 => Role::Shadow,
+                1 => Role::Quota,
+                _ => Role::Enforced,
+            };
+            // A descriptor of one or two limits: consecutive hits may share it.
+            if !hits.is_empty() && self.rng.below(4) != 0 {
+                descriptor += 1;
+            }
+            hits.push(self.hit(counter, descriptor, amount, role));
+        }
+        if veto {
+            hits.push(self.hit(BLOCKER, descriptor + 1, 1, Role::Enforced));
+        }
+        hits
+    }
+}
+
+/// The stored states as the Rust rule leaves them, by Redis key.
+#[derive(Default)]
+struct Model {
+    states: HashMap<String, State>,
+}
+
+impl Model {
+    fn found<'a>(&'a self, call: &Call<'_>) -> Vec<Option<&'a State>> {
+        call.hits
+            .iter()
+            .map(|hit| self.states.get(&call.key(hit)))
+            .collect()
+    }
+
+    /// The rule on the model; the states it writes are stored.
+    fn apply(&mut self, call: &Call<'_>, now: Micros) -> rule::Decided {
+        let found: Vec<Option<State>> = self
+            .found(call)
+            .into_iter()
+            .map(Option::<&State>::cloned)
+            .collect();
+        let found: Vec<Option<&State>> = found.iter().map(Option::as_ref).collect();
+        let decided = rule::decide(call.hits, &found, now, call.charge, call.complete);
+        for (hit, write) in call.hits.iter().zip(&decided.writes) {
+            if let Some((state, _)) = write {
+                self.states.insert(call.key(hit), state.clone());
+            }
+        }
+        decided
+    }
+
+    /// The refunds of `call` (a GiveBack) by `algorithm::give_back`; the outcomes a check then
+    /// finds.
+    fn give_back(
+        &mut self,
+        call: &Call<'_>,
+        at: Micros,
+        expected: &[Option<State>],
+    ) -> Vec<Outcome> {
+        let mut done: Vec<String> = Vec::new();
+        for (index, hit) in call.hits.iter().enumerate() {
+            let key = call.key(hit);
+            if done.contains(&key) {
+                continue;
+            }
+            done.push(key.clone());
+            let total: u64 = call.hits[index..]
+                .iter()
+                .filter(|other| other.key == hit.key)
+                .map(|other| other.hits)
+                .sum();
+            let stored = self.states.get(&key);
+            if let Some(next) =
+                algorithm::give_back(&hit.params, stored, expected[index].as_ref(), at, total)
+            {
+                self.states.insert(key, next);
+            }
+        }
+        call.hits
+            .iter()
+            .map(|hit| {
+                let state = self.states.get(&call.key(hit));
+                algorithm::decide(&hit.params, state, at, 0, Charge::IfAllowed).outcome
+            })
+            .collect()
+    }
+}
+
+/// What Redis holds for a hit's counter, as a state (an epoch window's integer as its window
+/// and count).
+async fn stored(
+    connection: &mut redis::aio::MultiplexedConnection,
+    call: &Call<'_>,
+    hit: &Hit,
+) -> Option<State> {
+    let text: Option<String> = redis::cmd("GET")
+        .arg(call.key(hit))
+        .query_async(connection)
+        .await
+        .unwrap();
+    let numbers: Vec<u64> = text?
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    if is_counter(&hit.params) {
+        let start = window_start(&hit.params, call.instant());
+        return (numbers[0] > 0)
+            .then(|| state_from_numbers(hit.params.algorithm, &[start, numbers[0]]))
+            .flatten();
+    }
+    state_from_numbers(hit.params.algorithm, &numbers)
+}
+
+/// The model's state for a hit's counter, as Redis would hold it: an epoch window's count is
+/// per window, and a count of 0 is no counter.
+fn modelled(model: &Model, call: &Call<'_>, hit: &Hit) -> Option<State> {
+    let state = model.states.get(&call.key(hit)).cloned();
+    match state {
+        Some(State::FixedWindow(window)) if is_counter(&hit.params) && window.count == 0 => None,
+        state => state,
+    }
+}
+
+/// A committed call a later step may give back.
+struct Committed {
+    hits: Vec<Hit>,
+    at: Micros,
+    after: Vec<Option<State>>,
+}
+
+async fn run(
+    connection: &mut redis::aio::MultiplexedConnection,
+    mut sequence: Sequence,
+    steps: usize,
+) -> HashMap<(Layout, bool), usize> {
+    let clock = ManualClock::default();
+    let memory = (!sequence.parts_and_refunds)
+        .then(|| MemoryStore::new(10_000, sequence.charge, Arc::new(clock.clone())));
+    let mut model = Model::default();
+    let mut used: HashMap<(Layout, bool), usize> = HashMap::new();
+    let mut pending: Vec<Committed> = Vec::new();
+    let mut now = START;
+    for step in 0..steps {
+        now += match sequence.rng.below(10) {
+            0..6 => sequence.rng.below(SECOND / 10),
+            6..9 => sequence.rng.below(2 * SECOND),
+            _ => sequence.rng.below(20 * SECOND),
+        };
+        let refund = sequence.parts_and_refunds
+            && sequence.charge == Charge::IfAllowed
+            && !pending.is_empty()
+            && sequence.rng.below(8) == 0;
+        let context = format!(
+            "{} ({:?}) step {step} at {now}",
+            sequence.name, sequence.charge
+        );
+        if refund {
+            let pick = sequence.rng.below(pending.len() as u64) as usize;
+            let consumed = pending.remove(pick);
+            let call = Call {
+                op: Op::GiveBack {
+                    at: consumed.at,
+                    expected: &consumed.after,
+                },
+                hits: &consumed.hits,
+                node: None,
+                charge: Charge::IfAllowed,
+                complete: false,
+                prefix: "",
+                grace_ms: 3_600_000,
+            };
+            let reply = call_on(connection, &call)
+                .await
+                .unwrap_or_else(|e| panic!("{context}: {e}"));
+            let expected = model.give_back(&call, consumed.at, &consumed.after);
+            assert_eq!(
+                reply.outcomes, expected,
+                "{context}: refund of {:?}",
+                consumed.hits
+            );
+            *used.entry((Layout::GiveBack, false)).or_default() += 1;
+            for hit in call.hits {
+                assert_eq!(
+                    stored(connection, &call, hit).await,
+                    modelled(&model, &call, hit),
+                    "{context}: stored state after a refund, {hit:?}"
+                );
+            }
+            continue;
+        }
+        let shape = match sequence.rng.below(10) {
+            0..3 => Shape::LoneCounter,
+            3..5 => Shape::LoneOther,
+            5..7 => Shape::Counters,
+            _ => Shape::Mixed,
+        };
+        let veto = sequence.rng.below(6) == 0;
+        let hits = sequence.request(shape, veto);
+        let cross_slot = hits.len() > 1 && sequence.rng.below(3) == 0;
+        let complete = !sequence.parts_and_refunds || sequence.rng.below(3) != 0;
+        let call = Call {
+            op: Op::Apply { now },
+            hits: &hits,
+            node: cross_slot.then_some(("127.0.0.1", 1)),
+            charge: sequence.charge,
+            complete,
+            prefix: "",
+            grace_ms: 3_600_000,
+        };
+        let layout = Layout::of(&call);
+        *used.entry((layout, cross_slot)).or_default() += 1;
+        let reply: Reply = call_on(connection, &call)
+            .await
+            .unwrap_or_else(|error| panic!("{context}: {layout:?}: {error}"));
+        let decided = model.apply(&call, now);
+        let context = format!("{context}: {layout:?} of {hits:?}");
+        assert_eq!(
+            reply.outcomes,
+            decided.outcomes.to_vec(),
+            "{context}: Redis vs the rule"
+        );
+        assert_eq!(reply.committed, decided.committed, "{context}: committed");
+        if let Some(memory) = &memory {
+            clock.set(now);
+            let outcomes = memory.apply(&hits).await.unwrap();
+            assert_eq!(outcomes, reply.outcomes, "{context}: memory vs Redis");
+        }
+        for hit in &hits {
+            assert_eq!(
+                stored(connection, &call, hit).await,
+                modelled(&model, &call, hit),
+                "{context}: stored state of {hit:?}"
+            );
+        }
+        if reply.committed && reply.outcomes.iter().any(|o| o.allowed) {
+            let given: Vec<Hit> = hits
+                .iter()
+                .zip(&reply.outcomes)
+                .map(|(hit, outcome)| Hit {
+                    hits: if outcome.allowed { hit.hits } else { 0 },
+                    ..hit.clone()
+                })
+                .collect();
+            pending.push(Committed {
+                hits: given,
+                at: now,
+                after: reply.after.clone(),
+            });
+            if pending.len() > 4 {
+                pending.remove(0);
+            }
+        }
+    }
+    used
+}
+
+#[tokio::test]
+async fn every_layout_answers_what_the_request_rule_answers() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let mut used: HashMap<(Layout, bool), usize> = HashMap::new();
+    for (seed, charge, parts_and_refunds) in [
+        (1, Charge::IfAllowed, false),
+        (2, Charge::Always, false),
+        (3, Charge::IfAllowed, true),
+        (4, Charge::Always, true),
+    ] {
+        let name = format!("seed-{seed}");
+        let sequence = Sequence {
+            rng: Rng(0x5eed_0000 + seed),
+            counters: counters(),
+            name,
+            charge,
+            parts_and_refunds,
+        };
+        for (layout, count) in run(&mut connection, sequence, 1_500).await {
+            *used.entry(layout).or_default() += count;
+        }
+    }
+    for layout in Layout::ALL {
+        for cross_slot in [false, true] {
+            if layout.entry(cross_slot).is_some() {
+                let count = used.get(&(layout, cross_slot)).copied().unwrap_or(0);
+                assert!(
+                    count > 100,
+                    "{layout:?} (cross-slot {cross_slot}) ran {count} times"
+                );
+            }
+        }
+    }
+}

@@ -29,8 +29,9 @@
 //!   gRPC routes and transport).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
 //!   change state): the HTTP endpoints; `query`:
-//!   one-shot calls and health checks as a client; `bench` (`bench/codec.rs`: pre-encoded
-//!   calls; `bench/rlqs.rs`: RLQS streams): the load generators.
+//!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
+//!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/rlqs.rs`: RLQS
+//!   streams): the load generators.
 //! - `service`: RLS v3 over gRPC and `ServiceOptions`, the response flags. `rlqs`: the Rate
 //!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/split.rs` a
 //!   rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/registry.rs` the

@@ -16,7 +16,8 @@ use crate::storage::redis::call::{Call, Layout, Op};
 use crate::storage::redis::connection::call_as;
 use crate::storage::{Hit, Role};
 
-/// The floor: the cheapest atomic fixed-window counter a script can be.
+/// The floor: the cheapest atomic fixed-window counter a script can be, sent with keys as
+/// long as tollgate's.
 pub const FLOOR_SCRIPT: &str = "local c = redis.call('INCRBY', KEYS[1], ARGV[1]) \
      if c == tonumber(ARGV[1]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return c";
 
@@ -104,7 +105,7 @@ pub async fn run(args: &CallsArgs) -> anyhow::Result<CallsReport> {
     Ok(CallsReport {
         calls: args.calls,
         seconds: started.elapsed().as_secs_f64(),
-        layout: shape.layout_name(),
+        layout: shape.layout_name(args.hits.max(1)),
     })
 }
 
@@ -148,14 +149,18 @@ impl Shape {
         Ok(Shape::Hits { params, layout })
     }
 
-    fn layout_name(&self) -> String {
+    /// The layout the calls go in (a call of `hits` hits of this shape, as `send` builds it).
+    fn layout_name(&self, hits: usize) -> String {
         match self {
             Shape::Floor(_) => "floor".to_owned(),
-            Shape::Hits {
-                layout: Some(layout),
-                ..
-            } => layout.name().to_owned(),
-            Shape::Hits { .. } => "chosen".to_owned(),
+            Shape::Hits { params, layout } => {
+                let hits = hits_of(params, 0, hits);
+                let call = call(&hits, 0);
+                layout
+                    .unwrap_or_else(|| Layout::of(&call))
+                    .name()
+                    .to_owned()
+            }
         }
     }
 
@@ -168,8 +173,15 @@ impl Shape {
     ) -> anyhow::Result<()> {
         let (params, layout) = match self {
             Shape::Floor(script) => {
+                // A key as long as a counter's (key length is part of what Redis spends).
+                let params = Params {
+                    algorithm: Algorithm::default(),
+                    requests: 1000,
+                    window: MICROS_PER_SECOND,
+                };
+                let key = &hits_of(&params, user, 1)[0].key;
                 let _: i64 = script
-                    .key(format!("floor:{user}"))
+                    .key(format!("{}:1795000000", key.as_str()))
                     .arg(1)
                     .arg(grace_ms.max(1))
                     .invoke_async(connection)
@@ -178,33 +190,43 @@ impl Shape {
             }
             Shape::Hits { params, layout } => (params, layout),
         };
-        let hits: Vec<Hit> = (0..count)
-            .map(|index| Hit {
-                descriptor: index,
-                key: counter_key(
-                    "bench",
-                    [("user", EntryValue::Actual(&format!("{user}-{index}")))],
-                    params,
-                ),
-                params: *params,
-                hits: 1,
-                role: Role::Enforced,
-            })
-            .collect();
-        let call = Call {
-            op: Op::Apply {
-                now: SystemClock.now(),
-            },
-            hits: &hits,
-            node: None,
-            charge: Charge::IfAllowed,
-            complete: true,
-            prefix: "",
-            grace_ms,
-        };
+        let hits = hits_of(params, user, count);
+        let call = call(&hits, grace_ms);
         let layout = layout.unwrap_or_else(|| Layout::of(&call));
         call_as(connection, &call, layout).await?;
         Ok(())
+    }
+}
+
+/// `count` hits of one user, each on its own counter.
+fn hits_of(params: &Params, user: u64, count: usize) -> Vec<Hit> {
+    (0..count)
+        .map(|index| Hit {
+            descriptor: index,
+            key: counter_key(
+                "bench",
+                [("user", EntryValue::Actual(&format!("{user}-{index}")))],
+                params,
+            ),
+            params: *params,
+            hits: 1,
+            role: Role::Enforced,
+        })
+        .collect()
+}
+
+/// A call of `hits` now, as one request's.
+fn call(hits: &[Hit], grace_ms: u64) -> Call<'_> {
+    Call {
+        op: Op::Apply {
+            now: SystemClock.now(),
+        },
+        hits,
+        node: None,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms,
     }
 }
 

@@ -13,25 +13,35 @@ use crate::storage::{StoreError, rule};
 
 pub fn encode(call: &Call<'_>, command: &mut Cmd) {
     let now = call.instant();
+    // Where a counter is named twice, each hit says which hit before it named it and whether
+    // a later one does; the usual call, of distinct counters, goes without (less to unpack).
+    let repeats = call.earlier().any(|earlier| earlier > 0);
     let header = [
         i64::from(call.charge == Charge::Always),
         i64::from(call.complete),
+        i64::from(repeats),
         n(call.hits.len() as u64),
     ];
-    let per_hit = call
-        .hits
-        .iter()
-        .zip(call.earlier())
-        .flat_map(|(hit, earlier)| {
-            [
-                n(hit.params.requests),
-                n(hit.hits),
-                n(counter_ttl_ms(&hit.params, now, call.grace_ms)),
-                role_code(hit.role),
-                n(hit.descriptor as u64),
-                earlier,
-            ]
-        });
+    let per_hit =
+        call.hits
+            .iter()
+            .zip(call.earlier())
+            .enumerate()
+            .flat_map(|(index, (hit, earlier))| {
+                let continued = call.hits[index + 1..]
+                    .iter()
+                    .any(|later| later.key == hit.key);
+                let numbers = [
+                    n(hit.params.requests),
+                    n(hit.hits),
+                    n(counter_ttl_ms(&hit.params, now, call.grace_ms)),
+                    role_code(hit.role),
+                    n(hit.descriptor as u64),
+                    earlier,
+                    i64::from(continued),
+                ];
+                numbers.into_iter().take(if repeats { 7 } else { 5 })
+            });
     command.arg(packed(header.into_iter().chain(per_hit)).as_slice());
     // Every hit's count as text when they share it (the usual case): INCRBY takes it as is,
     // where a number from the packed argument would be formatted per counter.

@@ -6,29 +6,93 @@
 -- KEYS      the counters, with their windows' numbers appended (all in one slot); none for
 --           the cross-slot twin, whose counters follow ARGV[2].
 -- ARGV[1]   packed (prelude.lua's `numbers`): 1 with --count-denied else 0, 1 when these are
---           all the hits of the request else 0, n; then 6 per hit: limit, hits, time to live
---           in ms were the counter created now, role (rule.lua), descriptor index, and the
---           number of the hit before it on the same counter (0: none).
+--           all the hits of the request else 0, 1 when a counter is named twice else 0, n;
+--           then per hit: limit, hits, time to live in ms were the counter created now, role
+--           (rule.lua), descriptor index, and, only when a counter is named twice, the number
+--           of the hit before it on the same counter (0: none) and 1 when a later hit names
+--           the same counter (else 0: this hit writes the counter).
 -- ARGV[2]   the hits every hit counts, as text, when they all count the same (the usual
 --           case: INCRBY takes it as is), else "".
 -- Returns   per hit, the count its counter held before the call (MGET's own table, each
 --           count a number in place: per counter, a table store and a reply element are a
 --           fair part of what this call costs Redis), then committed (1|0).
-local PER_COUNT = 6
+-- Cost      the usual call (distinct counters, all there, nothing denied, denied hits not
+--           counted) builds no table beyond its numbers and MGET's, and does nothing per
+--           counter but read it and INCRBY it: each step more per counter costs Redis a
+--           measurable share of the call (docs/performance.md).
+
+-- Reads every hit's counter into `found` (a number in place); which counters are new; once a
+-- hit is denied, which hits were allowed (nil: all). With counters named twice, each hit sees
+-- what the hits before it left (`chain`, by hit), and only a counter's last hit writes it.
+local function decide_counts(h, n, stride, found, repeats, charge)
+  local allowed, missing, chain = nil, nil, nil
+  for i = 1, n do
+    local at = stride * i - stride
+    local raw = found[i]
+    local held = tonumber(raw or 0)
+    if held == nil then
+      return malformed('counter ' .. i)
+    end
+    found[i] = held
+    if not raw then
+      missing = missing or {}
+      missing[i] = true
+    end
+    local amount, before = h[at + 2], held
+    if repeats and h[at + 6] > 0 then
+      before = chain[h[at + 6]]
+    end
+    local fits = before + max(amount, 1) <= h[at + 1]
+    if not fits and allowed == nil then
+      allowed = {}
+      for j = 1, i - 1 do
+        allowed[j] = true
+      end
+    end
+    if allowed then
+      allowed[i] = fits
+    end
+    if repeats and h[at + 7] == 1 then
+      chain = chain or {}
+      chain[i] = before
+      if fits or charge then
+        chain[i] = min(before + amount, MAX_COUNT)
+      end
+    end
+  end
+  return nil, allowed, missing, chain
+end
+
+-- What the last hit on a counter writes: the count the call added to it.
+local function added_by(h, at, i, found, allowed, chain, repeats, charge)
+  local final = found[i]
+  if repeats and h[at + 6] > 0 then
+    final = chain[h[at + 6]]
+  end
+  if allowed == nil or allowed[i] or charge then
+    final = min(final + h[at + 2], MAX_COUNT)
+  end
+  return final - found[i]
+end
 
 local function count(keys, argv, declared)
   if fmod == nil then
     bind_globals()
   end
   local packed = argv[1]
-  if packed == nil or #packed < 24 then
+  if packed == nil or #packed < 32 then
     return malformed('call')
   end
-  local charge, complete, n = unpack_numbers('<i8i8i8', packed)
-  if #packed ~= 8 * (3 + PER_COUNT * n) or #keys ~= n then
+  local charge_flag, complete, repeats_flag, n = unpack_numbers('<i8i8i8i8', packed)
+  local charge, repeats = charge_flag == 1, repeats_flag == 1
+  local stride = 5
+  if repeats then
+    stride = 7
+  end
+  if #packed ~= 8 * (4 + stride * n) or #keys ~= n then
     return malformed('call')
   end
-  local h = numbers(packed, 25, PER_COUNT * n)
+  local h = numbers(packed, 33, stride * n)
   local found
   if declared then
     found = redis.call('MGET', unpack(keys))
@@ -38,59 +102,31 @@ local function count(keys, argv, declared)
       found[i] = redis.call('GET', keys[i])
     end
   end
-  -- Per hit: the count it leaves its counter with, and the first hit on its counter.
-  local after, first, allowed, denied, missing = {}, {}, {}, false, nil
-  for i = 1, n do
-    local at = PER_COUNT * (i - 1)
-    local limit, amount, earlier = h[at + 1], h[at + 2], h[at + 6]
-    local raw = found[i]
-    local held = tonumber(raw or 0)
-    if held == nil then
-      return malformed('counter ' .. i)
-    end
-    found[i] = held
-    local before = held
-    if earlier > 0 then
-      before, first[i] = after[earlier], first[earlier]
-    else
-      first[i] = i
-      if not raw then
-        missing = missing or {}
-        missing[i] = true
-      end
-    end
-    allowed[i] = before + max(amount, 1) <= limit
-    if allowed[i] or charge == 1 then
-      after[i] = min(before + amount, MAX_COUNT)
-    else
-      after[i] = before
-      denied = true
-    end
+  local failed, allowed, missing, chain = decide_counts(h, n, stride, found, repeats, charge)
+  if failed then
+    return failed
   end
-  if denied and vetoes(h, n, allowed, 0, PER_COUNT, 4, 5, complete == 1) then
+  if allowed and not charge and vetoes(h, n, allowed, 0, stride, 4, 5, complete == 1) then
     found[n + 1] = 0
     return found
   end
-  -- The last hit on each counter writes what the call added to it.
-  local superseded = {}
-  for i = 1, n do
-    local earlier = h[PER_COUNT * (i - 1) + 6]
-    if earlier > 0 then
-      superseded[earlier] = true
-    end
-  end
   local amount_text = argv[2]
   for i = 1, n do
-    local at = PER_COUNT * (i - 1)
-    local added = after[i] - found[i]
-    if not superseded[i] and added > 0 then
-      local by = amount_text
-      if by == '' or added ~= h[at + 2] then
-        by = string.format('%d', added)
+    local at = stride * i - stride
+    if not (repeats and h[at + 7] == 1) then
+      local added = h[at + 2]
+      if allowed or charge or repeats then
+        added = added_by(h, at, i, found, allowed, chain, repeats, charge)
       end
-      redis.call('INCRBY', keys[i], by)
-      if missing and missing[first[i]] then
-        redis.call('PEXPIRE', keys[i], h[PER_COUNT * (first[i] - 1) + 3])
+      if added > 0 then
+        local by = amount_text
+        if by == '' or added ~= h[at + 2] then
+          by = string.format('%d', added)
+        end
+        redis.call('INCRBY', keys[i], by)
+        if missing and missing[i] then
+          redis.call('PEXPIRE', keys[i], h[at + 3])
+        end
       end
     end
   end

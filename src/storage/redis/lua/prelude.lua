@@ -41,6 +41,16 @@ end
 local FORMATS = {}
 local CHUNK = 4000
 local function numbers(packed, from, count)
+  if count <= CHUNK then
+    -- One unpack holds them all (its last result, the position after them, is left at the
+    -- end of the list: copying the numbers out would cost more than it).
+    local format = FORMATS[count]
+    if format == nil then
+      format = '<' .. string.rep('i8', count)
+      FORMATS[count] = format
+    end
+    return { unpack_numbers(format, packed, from) }
+  end
   local out, at = {}, from
   while #out < count do
     local take = min(count - #out, CHUNK)

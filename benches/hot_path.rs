@@ -21,7 +21,7 @@ use tollgate::rules::{RuleSet, matcher};
 use tollgate::service::{RlsService, ServiceOptions};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::memory::MemoryStore;
-use tollgate::storage::{CounterStore, Hit, Role};
+use tollgate::storage::{CounterStore, Hit, Role, Store};
 
 const RULES: usize = 1_000;
 
@@ -168,7 +168,7 @@ fn limiter(rules: RuleSet) -> Arc<RateLimiter> {
     ));
     Arc::new(RateLimiter::new(
         Arc::new(ArcSwap::from_pointee(rules)),
-        store,
+        &Store::local(store),
         Modes::default(),
     ))
 }

@@ -24,7 +24,7 @@ use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
 use crate::storage::rule::rejects;
-use crate::storage::{CounterStore, Hit, Role, StoreError};
+use crate::storage::{CounterReset, CounterStore, Hit, Role, Store, StoreError};
 
 /// A decision code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,7 @@ pub struct Modes {
 pub struct RateLimiter {
     rules: Arc<ArcSwap<RuleSet>>,
     store: Arc<dyn CounterStore>,
+    reset: Arc<dyn CounterReset>,
     modes: Modes,
     metrics: Arc<Metrics>,
 }
@@ -112,10 +113,12 @@ impl Resolved<'_> {
 }
 
 impl RateLimiter {
-    pub fn new(rules: Arc<ArcSwap<RuleSet>>, store: Arc<dyn CounterStore>, modes: Modes) -> Self {
+    /// Decides on `store`'s counters, and resets them through its reset.
+    pub fn new(rules: Arc<ArcSwap<RuleSet>>, store: &Store, modes: Modes) -> Self {
         Self {
             rules,
-            store,
+            store: Arc::clone(&store.counters),
+            reset: Arc::clone(&store.reset),
             modes,
             metrics: Arc::new(Metrics::default()),
         }
@@ -140,7 +143,7 @@ impl RateLimiter {
         for (index, (descriptor, found)) in request.descriptors.iter().zip(&matches).enumerate() {
             self.resolve(request, index, descriptor, found, &replaced, &mut hits);
         }
-        self.store.forget(&hits).await?;
+        self.reset.forget(&hits).await?;
         Ok(hits.len())
     }
 

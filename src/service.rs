@@ -425,7 +425,7 @@ mod tests {
     use crate::limiter::Modes;
     use crate::pb::RateLimitService as _;
     use crate::storage::memory::MemoryStore;
-    use crate::storage::{CounterStore, Hit};
+    use crate::storage::{CounterReset, CounterStore, Hit, Store};
     use arc_swap::ArcSwap;
     use std::path::Path;
 
@@ -443,15 +443,25 @@ mod tests {
         }
     }
 
-    fn service(store: Arc<dyn CounterStore>) -> RlsService {
+    #[tonic::async_trait]
+    impl CounterReset for DownStore {
+        async fn forget(&self, _: &[Hit]) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("connection refused"))
+        }
+    }
+
+    fn service<S: CounterStore + CounterReset>(store: Arc<S>) -> RlsService {
         service_with(store, ServiceOptions::default())
     }
 
-    fn service_with(store: Arc<dyn CounterStore>, options: ServiceOptions) -> RlsService {
+    fn service_with<S: CounterStore + CounterReset>(
+        store: Arc<S>,
+        options: ServiceOptions,
+    ) -> RlsService {
         let rules = crate::config::file::parse(Path::new("d.yaml"), RULES).unwrap();
         let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
         RlsService::new(
-            Arc::new(RateLimiter::new(rules, store, Modes::default())),
+            Arc::new(RateLimiter::new(rules, &Store::local(store), Modes::default())),
             options,
             Arc::new(Metrics::default()),
         )

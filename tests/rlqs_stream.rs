@@ -360,8 +360,9 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
         stream: stream.to_owned(),
         per_second,
     };
+    let shared = store.demand.expect("a Redis store shares demand");
     let post = |demands: Vec<Demand>, gone: Vec<String>| {
-        let store = std::sync::Arc::clone(&store);
+        let store = std::sync::Arc::clone(&shared);
         async move {
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
             loop {
@@ -374,7 +375,7 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
                     })
                     .await;
                 match posted {
-                    Ok(Some(mut all)) => {
+                    Ok(mut all) => {
                         all.sort_by(|a, b| a.stream.cmp(&b.stream));
                         return all;
                     }

@@ -74,7 +74,7 @@ impl Under {
             StoreKind::Redis => {
                 let server = RedisServer::start();
                 Under {
-                    store: redis(&server.url()),
+                    store: redis(&server.url()).counters,
                     memory: None,
                     _backing: Backing::Redis(server),
                 }
@@ -82,7 +82,7 @@ impl Under {
             StoreKind::Cluster => {
                 let cluster = RedisCluster::start(3, 0);
                 Under {
-                    store: redis(&cluster.url()),
+                    store: redis(&cluster.url()).counters,
                     memory: None,
                     _backing: Backing::Cluster(cluster),
                 }

@@ -16,19 +16,22 @@ use super::grant;
 use super::registry::{self, BucketRef, Reach, Registry, StreamId, gauge, send};
 use crate::metrics::{BucketFigures, MAX_BUCKET_LABELS};
 use crate::pb::rate_limit_quota_response::BucketAction;
-use crate::storage::{CounterStore, Demand, DemandPost};
+use crate::storage::{Demand, DemandPost, DemandShare};
 
 /// Store calls in flight at once while sharing demand.
 const SHARING_CONCURRENCY: usize = 64;
 
 /// Runs `tick` every `rlqs_interval` until aborted.
-pub fn spawn(registry: Arc<Registry>, store: Arc<dyn CounterStore>) -> JoinHandle<()> {
+pub fn spawn(registry: Arc<Registry>, store: Option<Arc<dyn DemandShare>>) -> JoinHandle<()> {
+    registry
+        .store_shares
+        .store(store.is_some(), Ordering::Relaxed);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(registry.options.rlqs_interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            registry.tick(store.as_ref()).await;
+            registry.tick(store.as_deref()).await;
         }
     })
 }
@@ -41,10 +44,13 @@ struct Post {
 }
 
 impl Registry {
-    /// One round: abandon, share, split, push.
-    pub async fn tick(&self, store: &dyn CounterStore) {
+    /// One round: abandon, share (when the store is shared between replicas), split, push.
+    pub async fn tick(&self, store: Option<&dyn DemandShare>) {
         let posts = self.abandon_idle(Instant::now());
-        let shared = self.share(store, posts).await;
+        let shared = match store {
+            Some(store) => self.share(store, posts).await,
+            None => HashMap::new(),
+        };
         self.reassign(shared, Instant::now());
     }
 
@@ -150,7 +156,7 @@ impl Registry {
     /// the buckets whose call succeeded (a failed one keeps the last known).
     async fn share(
         &self,
-        store: &dyn CounterStore,
+        store: &dyn DemandShare,
         posts: Vec<Post>,
     ) -> HashMap<BucketRef, Vec<Option<f64>>> {
         // Each replica posts its streams every interval: three missed posts mean it stopped.
@@ -169,16 +175,12 @@ impl Registry {
                     })
                     .await;
                 let others = match shared {
-                    Ok(Some(all)) => Some(
+                    Ok(all) => Some(
                         all.into_iter()
                             .filter(|d| !d.stream.starts_with(own))
                             .map(|d| d.per_second)
                             .collect(),
                     ),
-                    Ok(None) => {
-                        self.store_shares.store(false, Ordering::Relaxed);
-                        Some(Vec::new())
-                    }
                     Err(error) => {
                         tracing::warn!(%error, "RLQS: sharing demand failed; the last known is kept");
                         None

@@ -15,7 +15,7 @@ use super::registry::{Registry, StreamId};
 use crate::metrics::Metrics;
 use crate::pb::{RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaUsageReports};
 use crate::rules::RuleSet;
-use crate::storage::CounterStore;
+use crate::storage::DemandShare;
 
 /// Responses waiting for a slow client; past this, renewals are skipped until it catches up.
 const OUTBOX_SIZE: usize = 16;
@@ -27,15 +27,16 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    /// Starts rebalancing every `rlqs_interval`; must run inside a tokio runtime.
+    /// Starts rebalancing every `rlqs_interval`, sharing demand through `demand` when the
+    /// store is shared; must run inside a tokio runtime.
     pub fn start(
         options: QuotaOptions,
         rules: Arc<ArcSwap<RuleSet>>,
-        store: Arc<dyn CounterStore>,
+        demand: Option<Arc<dyn DemandShare>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         let registry = Arc::new(Registry::new(options, rules, metrics));
-        let rebalancer = super::rebalance::spawn(Arc::clone(&registry), store);
+        let rebalancer = super::rebalance::spawn(Arc::clone(&registry), demand);
         Self {
             registry,
             rebalancer,

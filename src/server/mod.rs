@@ -31,7 +31,7 @@ use crate::rules::RuleSet;
 use crate::runtime::{Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
 use crate::statsd::StatsdOptions;
-use crate::storage::CounterStore;
+use crate::storage::Store;
 use crate::tls::TlsFiles;
 use crate::xds::XdsOptions;
 
@@ -188,7 +188,7 @@ pub struct BindError {
 /// Serves until `shutdown` resolves, then drains (see the module docs).
 pub async fn run(
     rules: RuleSet,
-    store: Arc<dyn CounterStore>,
+    store: Store,
     options: Options,
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
@@ -222,7 +222,7 @@ pub async fn run(
         )
     });
     let limiter = Arc::new(
-        RateLimiter::new(Arc::clone(&rules), Arc::clone(&store), options.modes)
+        RateLimiter::new(Arc::clone(&rules), &store, options.modes)
             .with_metrics(Arc::clone(&options.metrics)),
     );
     let service = RlsService::new(
@@ -233,7 +233,7 @@ pub async fn run(
     let quotas = Quotas::start(
         options.quota.clone(),
         Arc::clone(&rules),
-        Arc::clone(&store),
+        store.demand.clone(),
         Arc::clone(&options.metrics),
     );
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -249,7 +249,7 @@ pub async fn run(
     }
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
-        store,
+        store.counters,
         options.probe_every,
     ));
 

@@ -193,6 +193,13 @@ impl DenyCached {
     pub fn hits(&self) -> u64 {
         self.cache.hits()
     }
+
+    /// Forgets what it knows of these counters (a reset): this replica asks the store about
+    /// them at once.
+    pub fn forget_denials(&self, hits: &[Hit]) {
+        let keys: Vec<CounterKey> = hits.iter().map(|hit| hit.key.clone()).collect();
+        self.cache.forget(&keys);
+    }
 }
 
 #[tonic::async_trait]
@@ -212,19 +219,6 @@ impl CounterStore for DenyCached {
         self.inner.ping().await
     }
 
-    /// Forgets the cached denials first: this replica answers from the store at once.
-    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
-        let keys: Vec<CounterKey> = hits.iter().map(|hit| hit.key.clone()).collect();
-        self.cache.forget(&keys);
-        self.inner.forget(hits).await
-    }
-
-    async fn share_demand(
-        &self,
-        post: &super::DemandPost<'_>,
-    ) -> Result<Option<Vec<super::Demand>>, StoreError> {
-        self.inner.share_demand(post).await
-    }
 }
 
 #[cfg(test)]

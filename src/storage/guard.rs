@@ -110,18 +110,6 @@ impl CounterStore for Guarded {
         self.within_deadline(self.inner.ping()).await
     }
 
-    /// An operator's reset bypasses the breaker too, and is not timed as a decision.
-    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
-        self.within_deadline(self.inner.forget(hits)).await
-    }
-
-    /// Bounded by the deadline, outside the breaker: it is not on the request path.
-    async fn share_demand(
-        &self,
-        post: &super::DemandPost<'_>,
-    ) -> Result<Option<Vec<super::Demand>>, StoreError> {
-        self.within_deadline(self.inner.share_demand(post)).await
-    }
 }
 
 #[cfg(test)]

@@ -98,7 +98,7 @@ impl StoreError {
     }
 }
 
-/// A counter store.
+/// A counter store: what the decision path needs, and nothing else.
 #[tonic::async_trait]
 pub trait CounterStore: Send + Sync + 'static {
     /// Decides every hit of one request; outcomes are in the order of `hits`.
@@ -106,26 +106,49 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Answers when the store can serve; drives readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+}
 
-    /// Forgets these counters (an operator's reset, `POST /reset`): they start afresh. Not on
-    /// the request path; a store that cannot do it says so.
-    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
-        let _ = hits;
-        Err(StoreError::Refused(
-            "this store cannot reset counters".into(),
-        ))
-    }
+/// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
+#[tonic::async_trait]
+pub trait CounterReset: Send + Sync + 'static {
+    /// Forgets these counters: they start afresh.
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError>;
+}
 
+/// Sharing RLQS demand between the replicas of a shared store.
+#[tonic::async_trait]
+pub trait DemandShare: Send + Sync + 'static {
     /// Posts this replica's demand on one RLQS quota bucket and reads every replica's, in one
-    /// round trip. `Ok(None)`: the store is not shared (the memory store), so this replica's
-    /// streams are the only ones.
-    async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Option<Vec<Demand>>, StoreError> {
-        let _ = post;
-        Ok(None)
+    /// round trip.
+    async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Vec<Demand>, StoreError>;
+}
+
+/// A store as built (`stack::build_store`): what decides, and the two capabilities beside
+/// the decision path. They are handed out separately, each built for what it reaches (the
+/// reset forgets the deny cache's denials too), so that no wrapper of the decision path can
+/// drop one by forgetting to forward it.
+#[derive(Clone)]
+pub struct Store {
+    pub counters: Arc<dyn CounterStore>,
+    pub reset: Arc<dyn CounterReset>,
+    /// `None`: nothing is shared between replicas (the memory store), so a replica's own
+    /// RLQS streams are the only ones.
+    pub demand: Option<Arc<dyn DemandShare>>,
+}
+
+impl Store {
+    /// A store of this process alone, such as the memory store: it decides and resets, and
+    /// shares no demand.
+    pub fn local<S: CounterStore + CounterReset>(store: Arc<S>) -> Self {
+        Self {
+            counters: Arc::clone(&store) as Arc<dyn CounterStore>,
+            reset: store,
+            demand: None,
+        }
     }
 }
 
-/// One replica's side of an RLQS quota bucket's demand (see `CounterStore::share_demand`).
+/// One replica's side of an RLQS quota bucket's demand (see `DemandShare`).
 pub struct DemandPost<'a> {
     /// Names the bucket; the store adds its key prefix.
     pub key: &'a str,

@@ -1,12 +1,17 @@
-//! The store as served: which store (`--store`, `--store-per-second`), and around a remote one the layers that make
-//! it safe to call on every request: the deny cache in front of the timeout and circuit
-//! breaker (`guard`), so that cached denials neither reset the breaker nor wait for it.
+//! The store as served: which store (`--store`, `--store-per-second`), and around a remote
+//! one the layers that make it safe to call on every request: the deny cache in front of the
+//! timeout and circuit breaker (`guard`), so that cached denials neither reset the breaker nor
+//! wait for it. Beside the decision path, the reset (which forgets the deny cache's denials
+//! too) and the demand sharing of RLQS, each built here for what it reaches (`Store`).
 
 use std::sync::Arc;
 
 use super::redis::per_second::PerSecondSplit;
 use super::redis::{RedisSpec, RedisStore};
-use super::{CounterStore, StoreOptions, deny_cache, guard, memory};
+use super::{
+    CounterReset, CounterStore, DemandShare, Hit, Store, StoreError, StoreOptions, deny_cache,
+    guard, memory,
+};
 use crate::algorithm::Charge;
 use crate::clock::{Clock, SystemClock};
 use crate::metrics::Metrics;
@@ -22,18 +27,14 @@ pub enum StoreSpec {
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
 /// expired counters in a background task; Redis is connected to in the background).
-pub fn build_store(
-    spec: &StoreSpec,
-    options: &StoreOptions,
-    metrics: &Metrics,
-) -> Arc<dyn CounterStore> {
+pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) -> Store {
     let clock = local_clock(options);
     match spec {
-        StoreSpec::Memory => {
+        StoreSpec::Memory => Store::local(
             memory::MemoryStore::new(options.memory_max_keys, options.charge, clock)
                 .with_metrics(metrics)
-                .start()
-        }
+                .start(),
+        ),
         StoreSpec::Redis(spec) => {
             let store = RedisStore::start(spec.clone(), options.clone());
             remote_stack(store, options, metrics)
@@ -50,28 +51,55 @@ pub fn build_store(
 }
 
 /// A remote store wrapped as served (see the module docs).
-pub fn remote_stack(
-    store: Arc<dyn CounterStore>,
-    options: &StoreOptions,
-    metrics: &Metrics,
-) -> Arc<dyn CounterStore> {
+pub fn remote_stack<S>(store: Arc<S>, options: &StoreOptions, metrics: &Metrics) -> Store
+where
+    S: CounterStore + CounterReset + DemandShare,
+{
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
-        store,
+        Arc::clone(&store) as Arc<dyn CounterStore>,
         options.timeout,
         metrics.store_seconds.clone(),
     ));
-    if options.charge == Charge::IfAllowed && options.deny_cache_size > 0 {
+    let cache = (options.charge == Charge::IfAllowed && options.deny_cache_size > 0).then(|| {
         Arc::new(
             deny_cache::DenyCached::new(
-                guarded,
+                guarded.clone(),
                 options.deny_cache_size,
                 micros(options.deny_cache_max_ttl),
                 local_clock(options),
             )
             .with_metrics(metrics),
         )
-    } else {
-        guarded
+    });
+    let counters = match &cache {
+        Some(cache) => Arc::clone(cache) as Arc<dyn CounterStore>,
+        None => guarded,
+    };
+    Store {
+        counters,
+        reset: Arc::new(Reset {
+            cache,
+            store: Arc::clone(&store) as Arc<dyn CounterReset>,
+        }),
+        demand: Some(store),
+    }
+}
+
+/// The reset of a remote store: this replica's deny cache forgets the counters first (it
+/// then answers from the store at once; other replicas within their caches' longest time to
+/// trust a denial), then the store does.
+struct Reset {
+    cache: Option<Arc<deny_cache::DenyCached>>,
+    store: Arc<dyn CounterReset>,
+}
+
+#[tonic::async_trait]
+impl CounterReset for Reset {
+    async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
+        if let Some(cache) = &self.cache {
+            cache.forget_denials(hits);
+        }
+        self.store.forget(hits).await
     }
 }
 

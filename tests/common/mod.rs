@@ -26,7 +26,7 @@ use tollgate::server::{self, Listeners, Options, ServerError};
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::redis::{RedisSpec, RedisStore};
 use tollgate::storage::stack::{StoreSpec, remote_stack};
-use tollgate::storage::{CounterStore, StoreOptions};
+use tollgate::storage::{Store, StoreOptions};
 use tonic::transport::Channel;
 
 use redis_process::{RedisCluster, RedisSentinels, RedisServer};
@@ -141,7 +141,7 @@ pub fn redis_store(
     clock: &ManualClock,
     timeout: Duration,
     metrics: &Metrics,
-) -> Arc<dyn CounterStore> {
+) -> Store {
     let spec = RedisSpec::parse(url, None).unwrap().unwrap();
     let options = StoreOptions {
         charge,
@@ -155,13 +155,15 @@ pub fn redis_store(
     remote_stack(store, &options, metrics)
 }
 
-fn build_store(setup: &Setup, clock: &ManualClock) -> (Arc<dyn CounterStore>, Backing) {
+fn build_store(setup: &Setup, clock: &ManualClock) -> (Store, Backing) {
     let metrics = &setup.options.metrics;
     match setup.store {
         StoreKind::Memory => (
-            MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone()))
-                .with_metrics(metrics)
-                .start(),
+            Store::local(
+                MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone()))
+                    .with_metrics(metrics)
+                    .start(),
+            ),
             Backing::None,
         ),
         StoreKind::Redis | StoreKind::RedisSocket => {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use map::{CounterMap, Digest, Shard};
 
-use super::{CounterStore, Hit, StoreError, rule};
+use super::{CounterReset, CounterStore, Hit, StoreError, rule};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
@@ -145,7 +145,10 @@ impl CounterStore for MemoryStore {
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
 
+#[tonic::async_trait]
+impl CounterReset for MemoryStore {
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         for hit in hits {
             self.map.remove(self.map.digest(&hit.key));

@@ -30,7 +30,6 @@ mod url;
 
 use std::sync::Arc;
 
-use call::numbers::{is_counter, window_number};
 use call::{Call, Op};
 use clock::RedisClock;
 use pool::{Pool, Tracked};
@@ -39,7 +38,9 @@ pub use url::{RedisCertificates, RedisSpec, SpecError};
 
 use crate::algorithm::Outcome;
 use crate::clock::Micros;
-use crate::storage::{CounterStore, Hit, StoreError, StoreOptions};
+use crate::storage::{
+    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError, StoreOptions,
+};
 
 pub struct RedisStore {
     pool: Pool,
@@ -129,32 +130,38 @@ impl CounterStore for RedisStore {
         self.now().map(drop)
     }
 
-    /// One DEL per counter, all at once: on a cluster each is routed by its key. A counter
-    /// of one integer per window (`counter.rs`) is forgotten for the current window.
+}
+
+#[tonic::async_trait]
+impl CounterReset for RedisStore {
+    /// One DEL per counter, all at once (on a cluster each is routed by its key), within the
+    /// store timeout. A counter of one integer per window is forgotten for the current window.
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.pool.connection()?;
         let now = self.now()?;
         let deletes = hits.iter().map(|hit| {
-            let mut key = [self.options.key_prefix.as_str(), hit.key.as_str()].concat();
-            if is_counter(&hit.params) {
-                key = format!("{key}:{}", window_number(&hit.params, now));
-            }
-            let command = redis::cmd("DEL").arg(key).to_owned();
+            let call = self.call(Op::Apply { now }, std::slice::from_ref(hit), None, true);
+            let command = redis::cmd("DEL").arg(call.key(hit)).to_owned();
             async move { connection.query::<i64>(&command).await }
         });
-        for result in futures_util::future::join_all(deletes).await {
+        let deleted = futures_util::future::join_all(deletes);
+        let results = tokio::time::timeout(self.options.timeout, deleted)
+            .await
+            .map_err(|_| StoreError::Timeout(self.options.timeout))?;
+        for result in results {
             result?;
         }
         Ok(())
     }
+}
 
-    async fn share_demand(
-        &self,
-        post: &crate::storage::DemandPost<'_>,
-    ) -> Result<Option<Vec<crate::storage::Demand>>, StoreError> {
-        let prefix = &self.options.key_prefix;
-        demand::share(self.pool.connection()?, prefix, post)
+#[tonic::async_trait]
+impl DemandShare for RedisStore {
+    /// Within the store timeout.
+    async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Vec<Demand>, StoreError> {
+        let shared = demand::share(self.pool.connection()?, &self.options.key_prefix, post);
+        tokio::time::timeout(self.options.timeout, shared)
             .await
-            .map(Some)
+            .map_err(|_| StoreError::Timeout(self.options.timeout))?
     }
 }

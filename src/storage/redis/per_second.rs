@@ -15,7 +15,9 @@ use super::fanout::Part;
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::MICROS_PER_SECOND;
 use crate::storage::rule::vetoes;
-use crate::storage::{CounterStore, Hit, StoreError};
+use crate::storage::{
+    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError,
+};
 
 pub struct PerSecondSplit {
     main: Arc<RedisStore>,
@@ -98,17 +100,21 @@ impl CounterStore for PerSecondSplit {
         self.per_second.ping().await
     }
 
+}
+
+#[tonic::async_trait]
+impl CounterReset for PerSecondSplit {
     /// A key lives in one of the two stores; deleting it from both is simplest.
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         self.main.forget(hits).await?;
         self.per_second.forget(hits).await
     }
+}
 
-    async fn share_demand(
-        &self,
-        post: &crate::storage::DemandPost<'_>,
-    ) -> Result<Option<Vec<crate::storage::Demand>>, StoreError> {
-        // Demand is not per second: it lives with the other limits.
+#[tonic::async_trait]
+impl DemandShare for PerSecondSplit {
+    /// Demand is not per second: it lives with the other limits.
+    async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Vec<Demand>, StoreError> {
         self.main.share_demand(post).await
     }
 }

@@ -218,7 +218,6 @@ impl CounterStore for DenyCached {
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
     }
-
 }
 
 #[cfg(test)]

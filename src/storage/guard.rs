@@ -109,7 +109,6 @@ impl CounterStore for Guarded {
     async fn ping(&self) -> Result<(), StoreError> {
         self.within_deadline(self.inner.ping()).await
     }
-
 }
 
 #[cfg(test)]

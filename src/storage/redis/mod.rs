@@ -129,7 +129,6 @@ impl CounterStore for RedisStore {
         self.pool.connection()?.ping().await?;
         self.now().map(drop)
     }
-
 }
 
 #[tonic::async_trait]

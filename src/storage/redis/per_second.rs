@@ -99,7 +99,6 @@ impl CounterStore for PerSecondSplit {
         self.main.ping().await?;
         self.per_second.ping().await
     }
-
 }
 
 #[tonic::async_trait]

@@ -1,0 +1,49 @@
+//! A client's deadline, from the `grpc-timeout` header gRPC sends it in.
+
+use std::time::Duration;
+
+use tonic::codegen::http;
+
+/// The header a gRPC client's deadline comes in, by a name parsed once rather than per call.
+const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");
+
+/// The `grpc-timeout` a client sent (`<digits><unit>`, units H M S m u n), if any.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let headers: &http::HeaderMap = metadata.as_ref();
+    let text = headers.get(&GRPC_TIMEOUT)?.to_str().ok()?;
+    let (digits, unit) = text.split_at_checked(text.len().checked_sub(1)?)?;
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_deadline_is_read_from_grpc_timeout() {
+        let deadline = |value: Option<&str>| {
+            let mut metadata = tonic::metadata::MetadataMap::new();
+            metadata.insert("x-other", "1".parse().unwrap());
+            if let Some(value) = value {
+                metadata.insert("grpc-timeout", value.parse().unwrap());
+            }
+            grpc_timeout(&metadata)
+        };
+        assert_eq!(deadline(Some("250m")), Some(Duration::from_millis(250)));
+        assert_eq!(deadline(Some("2S")), Some(Duration::from_secs(2)));
+        assert_eq!(deadline(Some("1H")), Some(Duration::from_secs(3600)));
+        assert_eq!(deadline(Some("900u")), Some(Duration::from_micros(900)));
+        assert_eq!(deadline(None), None);
+        assert_eq!(deadline(Some("bad")), None);
+        assert_eq!(deadline(Some("5x")), None);
+    }
+}

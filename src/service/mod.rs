@@ -1,0 +1,324 @@
+//! The gRPC face of the limiter: the RLS v3 handler, and the one mapping from errors to
+//! `tonic::Status`. Around it: its flags (`options.rs`), how a decision is encoded
+//! (`encode.rs`), the answer when the store fails (`failure.rs`) and the client's deadline
+//! (`deadline.rs`).
+
+mod deadline;
+pub mod encode;
+mod failure;
+mod options;
+
+pub use encode::encode;
+pub use options::{OnStoreError, STORE_ERROR_HEADER, ServiceOptions, StoreErrorHeader};
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::admission::{Admission, Admitted, Overloaded};
+use crate::descriptor::{self, RequestError};
+use crate::dynamic_metadata;
+use crate::headers;
+use crate::limiter::{Code, RateLimiter};
+use crate::metrics::Metrics;
+use crate::pb;
+use crate::storage::StoreError;
+use crate::telemetry;
+
+/// `envoy.service.ratelimit.v3.RateLimitService`.
+#[derive(Clone)]
+pub struct RlsService {
+    limiter: Arc<RateLimiter>,
+    options: Arc<ServiceOptions>,
+    metrics: Arc<Metrics>,
+    admission: Arc<Admission>,
+}
+
+impl RlsService {
+    pub fn new(limiter: Arc<RateLimiter>, options: ServiceOptions, metrics: Arc<Metrics>) -> Self {
+        Self {
+            limiter,
+            admission: Arc::new(Admission::new(
+                options.max_in_flight,
+                options.max_queue_time,
+            )),
+            options: Arc::new(options),
+            metrics,
+        }
+    }
+
+    /// The gRPC service: RLS v3 behind `Admitted`, so that a request the queue has no room
+    /// for is refused before it is read.
+    pub fn grpc(self, max_request_bytes: usize) -> Admitted<pb::RateLimitServiceServer<Self>> {
+        let admission = Arc::clone(&self.admission);
+        let metrics = Arc::clone(&self.metrics);
+        let server =
+            pb::RateLimitServiceServer::new(self).max_decoding_message_size(max_request_bytes);
+        Admitted::new(server, admission, metrics)
+    }
+
+    /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
+    /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
+    pub async fn answer(
+        &self,
+        request: pb::RateLimitRequest,
+        deadline: Option<Duration>,
+    ) -> Result<pb::RateLimitResponse, Error> {
+        let _slot = self.admission.enter().await?;
+        let options = &*self.options;
+        // Dynamic metadata describes the request as sent; kept only when asked for.
+        let sent = options.dynamic_metadata.then(|| request.clone());
+        let request = descriptor::Request::from_pb(request, &options.input_limits)?;
+        let decision = self.limiter.should_rate_limit(&request);
+        let decided = match deadline {
+            Some(deadline) => tokio::time::timeout(deadline, decision)
+                .await
+                .unwrap_or(Err(StoreError::Timeout(deadline))),
+            None => decision.await,
+        };
+        match decided {
+            Ok(decision) => {
+                self.metrics
+                    .count_decision(decision.overall == Code::OverLimit);
+                let headers = headers::headers(options.response_headers, &decision);
+                let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
+                let mut response = encode(decision);
+                response.dynamic_metadata = metadata;
+                response
+                    .response_headers_to_add
+                    .extend(headers.into_iter().map(|(key, value)| pb::HeaderValue {
+                        key: options.header_name(key).to_owned(),
+                        value,
+                        ..Default::default()
+                    }));
+                Ok(response)
+            }
+            Err(error) => failure::answer(options, &error, request.descriptors.len())
+                .ok_or(Error::Store(error)),
+        }
+    }
+
+    /// Validates `request` as a decision would be, then forgets the counters it would count
+    /// on (`POST /reset`); how many.
+    pub async fn reset(&self, request: pb::RateLimitRequest) -> Result<usize, Error> {
+        let request = descriptor::Request::from_pb(request, &self.options.input_limits)?;
+        let reset = self.limiter.reset(&request).await?;
+        tracing::info!(domain = %request.domain, counters = reset, "counters reset");
+        Ok(reset)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<pb::RateLimitRequest>,
+    ) -> Result<Response<pb::RateLimitResponse>, Status> {
+        let deadline = deadline::grpc_timeout(request.metadata());
+        // The caller's trace context must be set before the span is first entered.
+        let span = crate::request_span!(
+            "should_rate_limit",
+            domain = tracing::field::Empty,
+            descriptors = tracing::field::Empty,
+            code = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            telemetry::continue_trace(&span, request.metadata());
+        }
+        let request = request.into_inner();
+        span.record("domain", request.domain.as_str());
+        span.record("descriptors", request.descriptors.len());
+        let started = Instant::now();
+        let answer = self
+            .answer(request, deadline)
+            .instrument(span.clone())
+            .await
+            .map_err(Status::from);
+        self.metrics.observe_decision(started.elapsed());
+        let code = match &answer {
+            Ok(_) => tonic::Code::Ok,
+            Err(status) => status.code(),
+        };
+        self.metrics.count_request(code);
+        let response = answer?;
+        span.record("code", response.overall_code);
+        Ok(Response::new(response))
+    }
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Overloaded(#[from] Overloaded),
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Request(error) => Status::invalid_argument(error.to_string()),
+            Error::Overloaded(error) => Status::resource_exhausted(error.to_string()),
+            // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
+            // whether traffic passes while the store is down, as the operator configured.
+            Error::Store(error) => {
+                tracing::warn!(%error, "store call failed");
+                Status::unavailable("rate limit store unavailable")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Charge, Outcome};
+    use crate::clock::ManualClock;
+    use crate::limiter::Modes;
+    use crate::pb::RateLimitService as _;
+    use crate::pb::rate_limit_response as rls;
+    use crate::storage::memory::MemoryStore;
+    use crate::storage::{CounterReset, CounterStore, Hit, Store};
+    use arc_swap::ArcSwap;
+    use std::path::Path;
+
+    const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
+
+    struct DownStore;
+
+    #[tonic::async_trait]
+    impl CounterStore for DownStore {
+        async fn apply(&self, _: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+            Err(StoreError::unavailable("connection refused"))
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("connection refused"))
+        }
+    }
+
+    #[tonic::async_trait]
+    impl CounterReset for DownStore {
+        async fn forget(&self, _: &[Hit]) -> Result<(), StoreError> {
+            Err(StoreError::unavailable("connection refused"))
+        }
+    }
+
+    fn service<S: CounterStore + CounterReset>(store: Arc<S>) -> RlsService {
+        service_with(store, ServiceOptions::default())
+    }
+
+    fn service_with<S: CounterStore + CounterReset>(
+        store: Arc<S>,
+        options: ServiceOptions,
+    ) -> RlsService {
+        let rules = crate::config::file::parse(Path::new("d.yaml"), RULES).unwrap();
+        let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
+        RlsService::new(
+            Arc::new(RateLimiter::new(
+                rules,
+                &Store::local(store),
+                Modes::default(),
+            )),
+            options,
+            Arc::new(Metrics::default()),
+        )
+    }
+
+    fn request(value: &str) -> pb::RateLimitRequest {
+        pb::RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![pb::RateLimitDescriptor {
+                entries: vec![pb::rate_limit_descriptor::Entry {
+                    key: "k".into(),
+                    value: value.into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_handler_answers_with_the_limited_shape() {
+        let clock = ManualClock::at_seconds(2222);
+        let store = Arc::new(MemoryStore::new(100, Charge::IfAllowed, Arc::new(clock)));
+        let svc = service(store);
+        let response = svc
+            .should_rate_limit(Request::new(request("v")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, rls::Code::Ok as i32);
+        let status = &response.statuses[0];
+        assert_eq!(status.limit_remaining, 1);
+        assert_eq!(
+            status.duration_until_reset,
+            Some(prost_types::Duration {
+                seconds: 58,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            status
+                .current_limit
+                .as_ref()
+                .map(|l| (l.requests_per_unit, l.unit)),
+            Some((2, 2))
+        );
+    }
+
+    #[tokio::test]
+    async fn the_store_error_marker_goes_upstream_unless_asked_for_on_the_response() {
+        let marked = |place: StoreErrorHeader| async move {
+            let options = ServiceOptions {
+                on_store_error: OnStoreError::Allow,
+                store_error_header: place,
+                ..ServiceOptions::default()
+            };
+            let svc = service_with(Arc::new(DownStore), options);
+            let response = svc.answer(request("v"), None).await.unwrap();
+            let names = |headers: &[pb::HeaderValue]| -> Vec<String> {
+                headers
+                    .iter()
+                    .map(|h| format!("{}: {}", h.key, h.value))
+                    .collect()
+            };
+            (
+                names(&response.request_headers_to_add),
+                names(&response.response_headers_to_add),
+            )
+        };
+        let marker = vec![format!("{STORE_ERROR_HEADER}: allow")];
+        assert_eq!(
+            marked(StoreErrorHeader::Upstream).await,
+            (marker.clone(), vec![])
+        );
+        assert_eq!(marked(StoreErrorHeader::Response).await, (vec![], marker));
+        assert_eq!(marked(StoreErrorHeader::Off).await, (vec![], vec![]));
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_is_unavailable_so_envoy_failure_mode_decides() {
+        let svc = service(Arc::new(DownStore));
+        let status = svc
+            .should_rate_limit(Request::new(request("v")))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert_eq!(status.message(), "rate limit store unavailable");
+        // A descriptor that matches nothing never reaches the store.
+        let mut unmatched = request("v");
+        unmatched.descriptors[0].entries[0].key = "other".into();
+        let response = svc
+            .should_rate_limit(Request::new(unmatched))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(response.overall_code, rls::Code::Ok as i32);
+    }
+}

@@ -156,8 +156,10 @@ where
             Some(overloaded) => {
                 // Counted as the service counts its own refusals, and observed as answered
                 // at once, so the decision histogram still counts every answered request.
-                self.metrics.observe_decision(Duration::ZERO);
-                self.metrics.count_request(tonic::Code::ResourceExhausted);
+                self.metrics.service.observe_decision(Duration::ZERO);
+                self.metrics
+                    .service
+                    .count_request(tonic::Code::ResourceExhausted);
                 let refusal = tonic::Status::resource_exhausted(overloaded.to_string());
                 Either::Right(ready(Ok(refusal.into_http())))
             }

@@ -72,9 +72,10 @@
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
-//!   value; `pb`: generated protobuf code; `metrics`: every metric (`metrics/counters.rs`:
-//!   the per-limit counters the rules hold, and label names; `metrics/quota.rs` the RLQS
-//!   ones); `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
+//!   value; `pb`: generated protobuf code; `metrics`: every metric, one small struct per part
+//!   (`metrics/limits.rs` the per-limit counters on `metrics/counters.rs`, `metrics/service.rs`,
+//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS);
+//!   `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
 //!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS.
 
 pub mod admin;

@@ -177,7 +177,8 @@ impl RateLimiter {
                 .await;
             let outcomes = applied.inspect_err(|error| {
                 self.metrics
-                    .store_errors
+                    .store
+                    .errors
                     .get_or_create(&metrics::label("kind", error.kind()))
                     .inc();
             })?;

@@ -210,10 +210,11 @@ impl Reloader {
 
     fn count(&self, result: &'static str) {
         self.metrics
-            .config_reloads
+            .config
+            .reloads
             .get_or_create(&metrics::label("result", result))
             .inc();
-        self.metrics.config_loaded(result == "success");
+        self.metrics.config.loaded(result == "success");
     }
 }
 

@@ -216,7 +216,7 @@ impl Client {
                 self.status.set(None);
                 let source = format!("xds {}, version {}", self.options.server, self.applied);
                 self.status.set_source(source);
-                self.metrics.config_source("xds", &self.applied);
+                self.metrics.config.source("xds", &self.applied);
                 self.count("success");
                 tracing::info!(version = %self.applied, domains, "applied rate limit configs from xDS");
                 self.request(self.applied.clone(), nonce, None)
@@ -283,10 +283,11 @@ impl Client {
 
     fn count(&self, result: &'static str) {
         self.metrics
-            .config_reloads
+            .config
+            .reloads
             .get_or_create(&metrics::label("result", result))
             .inc();
-        self.metrics.config_loaded(result == "success");
+        self.metrics.config.loaded(result == "success");
     }
 }
 

@@ -37,7 +37,7 @@ impl RateLimiter {
                 ),
                 _ => ("override", None, None),
             };
-            self.metrics.count(&LimitHit {
+            self.metrics.limits.count(&LimitHit {
                 domain: &request.domain,
                 path,
                 detailed_path,

@@ -110,3 +110,15 @@ pub fn grpc_code(code: tonic::Code) -> &'static str {
     // `Code` is numbered as the gRPC spec numbers its codes, 0 to 16.
     NAMES.get(code as usize).copied().unwrap_or("UNKNOWN")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_codes_are_spelled_as_grpc_spells_them() {
+        assert_eq!(grpc_code(tonic::Code::Ok), "OK");
+        assert_eq!(grpc_code(tonic::Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(grpc_code(tonic::Code::Unauthenticated), "UNAUTHENTICATED");
+    }
+}

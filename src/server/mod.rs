@@ -194,14 +194,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let tls = tls_config(&options)?;
-    options.metrics.config_loaded(true);
+    options.metrics.config.loaded(true);
     let statsd = match options.statsd.clone() {
         Some(statsd) => Some(crate::statsd::spawn(Arc::clone(&options.metrics), statsd)?),
         None => None,
     };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     if options.reload.is_some() {
-        options.metrics.config_source("files", "");
+        options.metrics.config.source("files", "");
     }
     let first_config = Arc::new(AtomicBool::new(false));
     let follower = options.xds.clone().map(|xds| {
@@ -238,8 +238,8 @@ pub async fn run(
     );
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
-    let store_up = options.metrics.store_up.clone();
-    let gauges = (store_up, options.metrics.ready.clone());
+    let store_up = options.metrics.health.store_up.clone();
+    let gauges = (store_up, options.metrics.health.ready.clone());
     let mut health = Health::new(reporter, store_gates_readiness, gauges).await;
     if options.ready_needs_rules {
         health = health.requiring_rules(Arc::clone(&rules)).await;

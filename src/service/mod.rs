@@ -81,6 +81,7 @@ impl RlsService {
         match decided {
             Ok(decision) => {
                 self.metrics
+                    .service
                     .count_decision(decision.overall == Code::OverLimit);
                 let headers = headers::headers(options.response_headers, &decision);
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
@@ -136,12 +137,12 @@ impl pb::RateLimitService for RlsService {
             .instrument(span.clone())
             .await
             .map_err(Status::from);
-        self.metrics.observe_decision(started.elapsed());
+        self.metrics.service.observe_decision(started.elapsed());
         let code = match &answer {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
         };
-        self.metrics.count_request(code);
+        self.metrics.service.count_request(code);
         let response = answer?;
         span.record("code", response.overall_code);
         Ok(Response::new(response))

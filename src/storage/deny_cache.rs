@@ -184,7 +184,7 @@ impl DenyCached {
 
     pub fn with_metrics(self, metrics: &Metrics) -> Self {
         Self {
-            hits_metric: metrics.deny_cache_hits.clone(),
+            hits_metric: metrics.store.deny_cache_hits.clone(),
             ..self
         }
     }

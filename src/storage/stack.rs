@@ -58,7 +58,7 @@ where
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
         Arc::clone(&store) as Arc<dyn CounterStore>,
         options.timeout,
-        metrics.store_seconds.clone(),
+        metrics.store.seconds.clone(),
     ));
     let cache = (options.charge == Charge::IfAllowed && options.deny_cache_size > 0).then(|| {
         Arc::new(

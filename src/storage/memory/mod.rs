@@ -40,8 +40,8 @@ impl MemoryStore {
 
     /// Reports key count and evictions in `metrics`.
     pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
-        self.map.keys_metric = metrics.memory_keys.clone();
-        self.map.evictions_metric = metrics.memory_evictions.clone();
+        self.map.keys_metric = metrics.store.memory_keys.clone();
+        self.map.evictions_metric = metrics.store.memory_evictions.clone();
         self
     }
 
@@ -325,17 +325,17 @@ mod tests {
         // "a" lives until the end of its minute, "b" until the end of the next one.
         clock.advance(61 * MICROS_PER_SECOND);
         store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
-        assert_eq!(metrics.memory_keys.get(), 2);
+        assert_eq!(metrics.store.memory_keys.get(), 2);
         clock.advance(30 * MICROS_PER_SECOND);
         store.sweep();
         assert_eq!(store.len(), 1);
-        assert_eq!(metrics.memory_keys.get(), 1);
+        assert_eq!(metrics.store.memory_keys.get(), 1);
         // The survivor is the later counter, with its hit still counted.
         let b = store.apply_now(&[hit("b", 5, 1, Role::Enforced)], clock.now());
         assert_eq!(remaining(&b), [(true, 3)]);
         clock.advance(30 * MICROS_PER_SECOND);
         store.sweep();
         assert_eq!(store.len(), 0);
-        assert_eq!(metrics.memory_keys.get(), 0);
+        assert_eq!(metrics.store.memory_keys.get(), 0);
     }
 }

@@ -1,0 +1,63 @@
+//! The stores' metrics: remote calls' duration and failures, the deny cache's answers, the
+//! memory store's counters and evictions.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use super::counters::Labels;
+
+pub struct StoreMetrics {
+    /// `tollgate_store_duration_seconds`: one call to a remote store.
+    pub seconds: Histogram,
+    /// `tollgate_store_errors_total{kind}`.
+    pub errors: Family<Labels, Counter>,
+    pub deny_cache_hits: Counter,
+    pub memory_keys: Gauge,
+    pub memory_evictions: Counter,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        Self {
+            // 10 µs to ~5 s.
+            seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            errors: Family::default(),
+            deny_cache_hits: Counter::default(),
+            memory_keys: Gauge::default(),
+            memory_evictions: Counter::default(),
+        }
+    }
+}
+
+impl StoreMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "store_duration_seconds",
+            "Time of one call to a remote store (Redis, Redis Cluster)",
+            self.seconds.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Failed store calls by kind",
+            self.errors.clone(),
+        );
+        registry.register(
+            "deny_cache_hits",
+            "Requests answered by the local deny cache",
+            self.deny_cache_hits.clone(),
+        );
+        registry.register(
+            "memory_keys",
+            "Counters held by the memory store",
+            self.memory_keys.clone(),
+        );
+        registry.register(
+            "memory_evictions",
+            "Counters the memory store evicted to stay within --memory-max-keys",
+            self.memory_evictions.clone(),
+        );
+    }
+}

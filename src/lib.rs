@@ -36,7 +36,8 @@
 //!   `service/encode.rs` the reference's status shapes; `service/failure.rs` the answer when
 //!   the store fails; `service/deadline.rs` the client's deadline). `rlqs`: the Rate
 //!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/split.rs` a
-//!   rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/registry.rs` the
+//!   rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/report.rs` what
+//!   a stream may report, `rlqs/registry.rs` the
 //!   streams and their subscriptions, `rlqs/rebalance.rs` the periodic split and the demand
 //!   shared through the store, `rlqs/listing.rs` the buckets on `/config`, `rlqs/service.rs`
 //!   the gRPC stream).

@@ -6,6 +6,7 @@
 //! - `bucket`: which rule a bucket falls under, and what it gives (allow all, deny all, a rate);
 //! - `split`: one rate divided among streams by demand, with a floor;
 //! - `grant`: what one stream is given, as the protocol's strategy, and when it is resent;
+//! - `report`: what a stream may report, and why a report is refused (`ReportError`);
 //! - `registry`: the streams, their subscriptions and demand; reports in, actions out;
 //! - `rebalance`: every interval, demand shared through the store, split again, pushed;
 //! - `listing`: the buckets as `GET /config` shows them;
@@ -16,6 +17,7 @@ pub mod grant;
 pub mod listing;
 pub mod rebalance;
 pub mod registry;
+pub mod report;
 pub mod service;
 pub mod split;
 

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, oneshot};
-use tonic::Status;
 
 use super::QuotaOptions;
 use super::bucket::{self, BucketKey, Quota};
 use super::grant::{self, Grant, Sent};
+use super::report::{MAX_BUCKETS_PER_STREAM, ReportError, bucket_key};
 use super::split::split;
 use crate::metrics::Metrics;
 use crate::pb::rate_limit_quota_response::BucketAction;
@@ -26,15 +26,10 @@ use crate::rules::RuleSet;
 pub type StreamId = u64;
 
 /// Where a stream's responses go (the gRPC response stream reads the other end).
-pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, ReportError>>;
 
 /// How much a new report weighs against the demand already known.
 const SMOOTHING: f64 = 0.7;
-
-/// Most buckets one stream may report, most entries in one bucket, longest key or value.
-pub const MAX_BUCKETS_PER_STREAM: usize = 100_000;
-pub const MAX_BUCKET_ENTRIES: usize = 64;
-pub const MAX_ENTRY_BYTES: usize = 1_024;
 
 /// Longest time one report is taken to cover.
 const MAX_ELAPSED: Duration = Duration::from_secs(3_600);
@@ -171,14 +166,14 @@ impl Registry {
         }
     }
 
-    /// Ends a stream that broke the protocol with `status`, sent after whatever its outbox
+    /// Ends a stream that broke the protocol with `error`, sent after whatever its outbox
     /// holds (the send waits for room, or for the client to go).
-    pub fn refuse(&self, id: StreamId, status: Status) {
+    pub fn refuse(&self, id: StreamId, error: ReportError) {
         let outbox = self.state().streams.get(&id).map(|s| s.outbox.clone());
         self.close(id);
         if let Some(outbox) = outbox {
             tokio::spawn(async move {
-                let _ = outbox.send(Err(status)).await;
+                let _ = outbox.send(Err(error)).await;
             });
         }
     }
@@ -192,7 +187,11 @@ impl Registry {
     }
 
     /// Takes one usage report; new subscriptions are answered at once.
-    pub fn report(&self, id: StreamId, reports: RateLimitQuotaUsageReports) -> Result<(), Status> {
+    pub fn report(
+        &self,
+        id: StreamId,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<(), ReportError> {
         self.metrics.quota.reports.inc();
         let now = Instant::now();
         let rules = self.rules.load();
@@ -206,7 +205,7 @@ impl Registry {
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
             let State { streams, domains } = &mut *state;
-            let stream = streams.get_mut(&id).ok_or_else(closed)?;
+            let stream = streams.get_mut(&id).ok_or(ReportError::Closed)?;
             let buckets = domains.entry(domain.clone()).or_default();
             let bucket = match buckets.get_mut(&key) {
                 Some(bucket) => bucket,
@@ -217,9 +216,7 @@ impl Registry {
             };
             if !bucket.members.contains_key(&id) {
                 if stream.buckets.len() >= MAX_BUCKETS_PER_STREAM {
-                    return Err(Status::invalid_argument(format!(
-                        "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
-                    )));
+                    return Err(ReportError::TooManyBuckets);
                 }
                 stream.buckets.insert(Arc::clone(&bucket.key));
                 new.push(Arc::clone(&bucket.key));
@@ -257,17 +254,16 @@ impl Registry {
 
 impl State {
     /// The stream's domain: set by its first report, and the same in every later one.
-    fn domain_of(&mut self, id: StreamId, named: String) -> Result<String, Status> {
-        let stream = self.streams.get_mut(&id).ok_or_else(closed)?;
+    fn domain_of(&mut self, id: StreamId, named: String) -> Result<String, ReportError> {
+        let stream = self.streams.get_mut(&id).ok_or(ReportError::Closed)?;
         match (&stream.domain, named.is_empty()) {
             (Some(domain), true) => Ok(domain.clone()),
             (Some(domain), false) if *domain == named => Ok(named),
-            (Some(domain), false) => Err(Status::invalid_argument(format!(
-                "the stream's domain is {domain:?}; a report named {named:?}"
-            ))),
-            (None, true) => Err(Status::invalid_argument(
-                "the first report of a stream must name its domain",
-            )),
+            (Some(domain), false) => Err(ReportError::OtherDomain {
+                domain: domain.clone(),
+                named,
+            }),
+            (None, true) => Err(ReportError::NoDomain),
             (None, false) => {
                 stream.domain = Some(named.clone());
                 Ok(named)
@@ -384,32 +380,6 @@ fn elapsed(duration: prost_types::Duration) -> Duration {
     Duration::new(seconds.min(MAX_ELAPSED.as_secs()), nanos).min(MAX_ELAPSED)
 }
 
-/// A bucket's entries, checked: at least one, none empty, at most `MAX_BUCKET_ENTRIES`, each
-/// key and value at most `MAX_ENTRY_BYTES`.
-fn bucket_key(entries: Option<HashMap<String, String>>) -> Result<BucketKey, Status> {
-    let entries = entries.unwrap_or_default();
-    if entries.is_empty() || entries.len() > MAX_BUCKET_ENTRIES {
-        return Err(Status::invalid_argument(format!(
-            "a bucket_id needs 1 to {MAX_BUCKET_ENTRIES} entries, not {}",
-            entries.len()
-        )));
-    }
-    if entries.iter().any(|(k, v)| k.is_empty() || v.is_empty()) {
-        return Err(Status::invalid_argument(
-            "bucket_id keys and values must not be empty",
-        ));
-    }
-    if entries
-        .iter()
-        .any(|(k, v)| k.len() > MAX_ENTRY_BYTES || v.len() > MAX_ENTRY_BYTES)
-    {
-        return Err(Status::invalid_argument(format!(
-            "bucket_id keys and values are at most {MAX_ENTRY_BYTES} bytes"
-        )));
-    }
-    Ok(entries.into_iter().collect())
-}
-
 /// Sends a stream its actions as one response; a stream too slow to take it misses it (the
 /// next renewal carries the assignment again).
 pub(super) fn send(
@@ -432,10 +402,6 @@ pub(super) fn send(
 
 pub(super) fn gauge(count: usize) -> i64 {
     i64::try_from(count).unwrap_or(i64::MAX)
-}
-
-fn closed() -> Status {
-    Status::cancelled("the stream is closed")
 }
 
 /// A name for this process's streams in a shared store: its process id and start time.

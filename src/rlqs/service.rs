@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::QuotaOptions;
 use super::registry::{Registry, StreamId};
+use super::report::ReportError;
 use crate::metrics::Metrics;
 use crate::pb::{RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaUsageReports};
 use crate::rules::RuleSet;
@@ -83,7 +84,8 @@ impl RateLimitQuotaService for QuotaService {
         let (id, ended) = self.registry.open(outbox);
         tokio::spawn(read_reports(Arc::clone(&self.registry), id, reports, ended));
         let responses = futures_util::stream::unfold(inbox, |mut inbox| async move {
-            inbox.recv().await.map(|response| (response, inbox))
+            let response = inbox.recv().await?;
+            Some((response.map_err(Status::from), inbox))
         });
         Ok(Response::new(Box::pin(responses)))
     }
@@ -106,9 +108,9 @@ async fn read_reports(
         };
         match message {
             Ok(Some(report)) => {
-                if let Err(status) = registry.report(id, report) {
-                    tracing::debug!(%status, "RLQS stream refused");
-                    registry.refuse(id, status);
+                if let Err(error) = registry.report(id, report) {
+                    tracing::debug!(%error, "RLQS stream refused");
+                    registry.refuse(id, error);
                     return;
                 }
             }
@@ -117,6 +119,17 @@ async fn read_reports(
                 tracing::debug!(%status, "RLQS stream ended");
                 return;
             }
+        }
+    }
+}
+
+/// A refused report ends its stream as INVALID_ARGUMENT naming what was wrong; a stream that
+/// closed while its report was read, as CANCELLED.
+impl From<ReportError> for Status {
+    fn from(error: ReportError) -> Self {
+        match error {
+            ReportError::Closed => Status::cancelled(error.to_string()),
+            error => Status::invalid_argument(error.to_string()),
         }
     }
 }

@@ -21,10 +21,10 @@
 //!   `reference_env/reader.rs` reads them, `reference_env/xds_vars.rs` those of the xDS source;
 //!   `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
-//! - `cli` (`cli/serve.rs`: `serve`'s flags, `cli/xds_args.rs` those of the xDS source,
-//!   `cli/values.rs` their value parsers; `cli/serve_options.rs`: what they configure):
-//!   the command line (`serve`, `check`, `query`,
-//!   `bench`, `health`, `reset`); `main.rs` wires it.
+//! - `cli` (`cli/serve.rs`: `serve`'s flags, each part's options struct flattened,
+//!   `cli/xds_args.rs` those of the xDS source; `cli/commands.rs` what each command does):
+//!   the command line (`serve`, `check`, `query`, `bench`, `health`, `reset`); `main.rs`
+//!   parses it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown (`server/grpc.rs`: the
 //!   gRPC routes and transport).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
@@ -67,7 +67,8 @@
 //!   Redis's clock as a replica tracks it; `storage/redis/per_second.rs` the per-second
 //!   Redis; `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs`
 //!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
-//!   denials), `storage/keys.rs` (counter keys) and `storage/stack.rs` (the store as served).
+//!   denials), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
+//!   `storage/stack.rs` (the store as served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`, then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
@@ -77,7 +78,8 @@
 //!   (`metrics/limits.rs` the per-limit counters on `metrics/counters.rs`, `metrics/service.rs`,
 //!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS);
 //!   `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
-//!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS.
+//!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS; `options`: the
+//!   parts' options structs' defaults.
 
 pub mod admin;
 pub mod admission;
@@ -94,6 +96,7 @@ pub mod health;
 pub mod limit;
 pub mod limiter;
 pub mod metrics;
+pub mod options;
 pub mod pb;
 pub mod process;
 pub mod query;

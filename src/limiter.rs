@@ -59,13 +59,17 @@ pub struct Decision {
     pub metadata: Vec<Option<Arc<serde_json::Value>>>,
 }
 
-/// Switches that change decisions for every request.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Switches that change decisions for every request (flags of `tollgate serve`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Decisions")]
 pub struct Modes {
-    /// `--shadow-mode`: count and report as usual, but never answer OVER_LIMIT overall.
+    /// Never answer OVER_LIMIT overall; statuses still show which descriptor is over.
+    #[arg(long = "shadow-mode", env = "TOLLGATE_SHADOW_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub global_shadow: bool,
-    /// `--quota-mode`: every rule's limits are quota limits (the reference's `QUOTA_MODE`);
-    /// shadow rules and per-request overrides keep their own role.
+    /// Treat every rule as `quota_mode: true`: the request is over only when all its quota
+    /// descriptors are (the reference's QUOTA_MODE); shadow rules and per-request overrides
+    /// keep their own role.
+    #[arg(long = "quota-mode", env = "TOLLGATE_QUOTA_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub global_quota: bool,
 }
 

@@ -63,6 +63,39 @@ impl ReloadStatus {
     }
 }
 
+/// The rule files: flags of `tollgate serve`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Rules")]
+pub struct RulesOptions {
+    /// Directory of YAML rule files (one domain per file).
+    #[arg(long, env = "TOLLGATE_CONFIG", required_unless_present = "config_xds")]
+    pub config: Option<PathBuf>,
+
+    /// Poll the config directory this often instead of watching it for file events (for
+    /// filesystems without inotify, such as some network mounts).
+    #[arg(long = "config-poll", env = "TOLLGATE_CONFIG_POLL", value_parser = crate::clock::positive_duration)]
+    pub poll: Option<Duration>,
+
+    #[command(flatten)]
+    pub load: config::LoadOptions,
+
+    /// Report not ready (health NOT_SERVING, /readyz 500) while the rules name no domain (the
+    /// reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
+    #[arg(long, env = "TOLLGATE_READY_NEEDS_RULES", value_parser = clap::builder::BoolishValueParser::new())]
+    pub ready_needs_rules: bool,
+}
+
+impl RulesOptions {
+    /// How the rule files are watched, when there are rule files.
+    pub fn reload(&self) -> Option<ReloadOptions> {
+        Some(ReloadOptions {
+            dir: self.config.clone()?,
+            poll: self.poll,
+            load: self.load,
+        })
+    }
+}
+
 /// Where to reload from and how to notice changes.
 #[derive(Debug, Clone)]
 pub struct ReloadOptions {

@@ -23,13 +23,29 @@ use cadence::{BufferedUdpMetricSink, Counted, StatsdClient};
 
 use crate::metrics::Metrics;
 
-/// Where and how often stats go.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where and how often stats go: flags of `tollgate serve`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Metrics")]
 pub struct StatsdOptions {
-    /// `host:port` of the statsd server.
-    pub address: String,
+    /// Also send the metrics to this statsd server (`host:port`, UDP) under the reference's
+    /// stat names (`ratelimit.service.rate_limit.…`; docs/migrating.md).
+    #[arg(long = "statsd", env = "TOLLGATE_STATSD")]
+    pub address: Option<String>,
+
+    /// How often the counters' increase is sent to --statsd.
+    #[arg(long = "statsd-flush-interval", env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = crate::clock::positive_duration)]
     pub every: Duration,
+
+    /// A tag on every stat sent to --statsd, as `key=value` (DogStatsD form); repeat for
+    /// more (in the environment, separate them with `,`).
+    #[arg(long = "statsd-tag", env = "TOLLGATE_STATSD_TAGS", value_delimiter = ',', value_parser = crate::options::key_value)]
     pub tags: Vec<(String, String)>,
+}
+
+impl Default for StatsdOptions {
+    fn default() -> Self {
+        crate::options::defaults()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -39,21 +55,24 @@ pub struct StatsdError {
     reason: String,
 }
 
-/// Starts flushing `metrics` to statsd; stops when the task is aborted.
+/// Starts flushing `metrics` to statsd, if an address is given; stops when the task is aborted.
 pub fn spawn(
     metrics: Arc<Metrics>,
     options: StatsdOptions,
-) -> Result<tokio::task::JoinHandle<()>, StatsdError> {
+) -> Result<Option<tokio::task::JoinHandle<()>>, StatsdError> {
+    let Some(address) = options.address.clone() else {
+        return Ok(None);
+    };
     let error = |reason: String| StatsdError {
-        address: options.address.clone(),
+        address: address.clone(),
         reason,
     };
     let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(|e| error(e.to_string()))?;
     socket
         .set_nonblocking(true)
         .map_err(|e| error(e.to_string()))?;
-    let sink = BufferedUdpMetricSink::from(options.address.as_str(), socket)
-        .map_err(|e| error(e.to_string()))?;
+    let sink =
+        BufferedUdpMetricSink::from(address.as_str(), socket).map_err(|e| error(e.to_string()))?;
     let mut builder = StatsdClient::builder("", sink).with_error_handler(|error| {
         tracing::debug!(%error, "statsd send failed");
     });
@@ -61,8 +80,8 @@ pub fn spawn(
         builder = builder.with_tag(key.as_str(), value.as_str());
     }
     let client = builder.build();
-    tracing::info!(statsd = %options.address, every = ?options.every, "sending stats");
-    Ok(tokio::spawn(async move {
+    tracing::info!(statsd = %address, every = ?options.every, "sending stats");
+    Ok(Some(tokio::spawn(async move {
         let mut sent = Sent::default();
         let mut ticks = tokio::time::interval(options.every);
         ticks.tick().await;
@@ -70,7 +89,7 @@ pub fn spawn(
             ticks.tick().await;
             sent.flush(&client, &metrics.render());
         }
-    }))
+    })))
 }
 
 /// The totals sent so far, by statsd name.

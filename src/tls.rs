@@ -33,6 +33,42 @@ const MAX_HANDSHAKES: usize = 1024;
 /// How often, at most, the files are checked for changes.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// TLS on the gRPC listener: flags of `tollgate serve`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Listeners and TLS")]
+pub struct TlsOptions {
+    /// PEM certificate chain for TLS on the gRPC listener (with --tls-key).
+    #[arg(long, env = "TOLLGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificates: require clients to present a certificate signed by one (mutual
+    /// TLS). Needs --tls-cert.
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// With --tls-client-ca, also require the client certificate to be valid for this DNS
+    /// name or IP address (a subject alternative name; the reference's GRPC_CLIENT_TLS_SAN).
+    #[arg(long, env = "TOLLGATE_TLS_CLIENT_SAN", requires = "tls_client_ca")]
+    pub tls_client_san: Option<String>,
+}
+
+impl TlsOptions {
+    /// The files to serve TLS with, if any.
+    pub fn files(&self) -> Option<TlsFiles> {
+        let (cert, key) = self.tls_cert.clone().zip(self.tls_key.clone())?;
+        Some(TlsFiles {
+            cert,
+            key,
+            client_ca: self.tls_client_ca.clone(),
+            client_san: self.tls_client_san.clone(),
+        })
+    }
+}
+
 /// The certificate files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {

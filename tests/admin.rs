@@ -94,7 +94,10 @@ async fn grpc_health(
 #[tokio::test]
 async fn health_serves_the_three_names_then_flips_to_not_serving_on_shutdown() {
     let options = Options {
-        shutdown_delay: Duration::from_secs(2),
+        shutdown: tollgate::shutdown::ShutdownOptions {
+            delay: Duration::from_secs(2),
+            ..Default::default()
+        },
         ..Options::default()
     };
     let mut server = start_with(

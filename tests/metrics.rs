@@ -242,11 +242,11 @@ descriptors:
 async fn statsd_receives_the_reference_stat_names_with_exact_counts() {
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     let options = Options {
-        statsd: Some(tollgate::statsd::StatsdOptions {
-            address: socket.local_addr().unwrap().to_string(),
+        statsd: tollgate::statsd::StatsdOptions {
+            address: Some(socket.local_addr().unwrap().to_string()),
             every: std::time::Duration::from_millis(100),
             tags: Vec::new(),
-        }),
+        },
         ..Options::default()
     };
     let server = start_with(

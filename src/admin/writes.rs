@@ -10,13 +10,28 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-/// The admin's write policy.
-#[derive(Clone, Default, PartialEq, Eq)]
+/// The admin's write policy: flags of `tollgate serve`.
+#[derive(Clone, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Listeners and TLS")]
 pub struct AdminWrites {
-    /// `false`: the mutating endpoints answer 403.
+    /// Whether the admin's mutating endpoints (`POST /json`, `POST /reset`) answer: `on`, or
+    /// `off` (403).
+    #[arg(long = "admin-writes", env = "TOLLGATE_ADMIN_WRITES", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
     pub enabled: bool,
-    /// Required as `Authorization: Bearer <token>` when set.
+    /// Require `Authorization: Bearer <token>` on the admin's mutating endpoints (401
+    /// without it); best set from a Secret through the environment variable. Empty: none.
+    #[arg(
+        long = "admin-token",
+        env = "TOLLGATE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
     pub token: Option<String>,
+}
+
+impl Default for AdminWrites {
+    fn default() -> Self {
+        crate::options::defaults()
+    }
 }
 
 impl std::fmt::Debug for AdminWrites {
@@ -27,13 +42,6 @@ impl std::fmt::Debug for AdminWrites {
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .finish()
     }
-}
-
-impl AdminWrites {
-    pub const OPEN: AdminWrites = AdminWrites {
-        enabled: true,
-        token: None,
-    };
 }
 
 /// Lets a mutating request through, or answers 403 (writes off) or 401 (no or wrong token).
@@ -51,7 +59,8 @@ pub async fn guard(
     }
     let refused = writes
         .token
-        .as_ref()
+        .as_deref()
+        .filter(|token| !token.is_empty())
         .is_some_and(|token| !presents(request.headers(), token));
     if refused {
         return (

@@ -3,9 +3,8 @@
 //! containers. Groups of flags that configure one part (the service's responses, the input
 //! bounds, the load generator) are declared with that part and flattened in here.
 
+pub mod commands;
 mod serve;
-mod serve_options;
-mod values;
 mod xds_args;
 
 use std::path::PathBuf;
@@ -21,7 +20,6 @@ use crate::pb;
 use crate::query::{QueryError, parse_descriptor};
 use crate::telemetry::{LogFormat, TraceArgs};
 pub use serve::{EnvStyle, ServeArgs};
-pub use serve_options::ArgsError;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -185,7 +183,7 @@ mod tests {
     use super::*;
     use crate::algorithm::Charge;
     use crate::service::ServiceOptions;
-    use crate::storage::stack::StoreSpec;
+    use crate::storage::options::StoreSpec;
 
     #[test]
     fn every_subcommand_is_well_formed() {
@@ -262,11 +260,11 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("expected serve");
         };
-        assert_eq!(args.grpc_addr.port(), 8081);
-        assert_eq!(args.http_addr.port(), 8080);
-        assert_eq!(args.store_spec().unwrap(), StoreSpec::Memory);
+        assert_eq!(args.listen.grpc_addr.port(), 8081);
+        assert_eq!(args.listen.http_addr.port(), 8080);
+        assert_eq!(args.store.spec().unwrap(), StoreSpec::Memory);
         assert_eq!(args.store_options().memory_max_keys, 1_000_000);
-        assert_eq!(args.charge(), Charge::IfAllowed);
+        assert_eq!(args.store.charge, Charge::IfAllowed);
         assert_eq!(
             args.options().service,
             ServiceOptions::default(),
@@ -294,12 +292,12 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("expected serve");
         };
-        assert_eq!(args.charge(), Charge::Always);
+        assert_eq!(args.store.charge, Charge::Always);
         assert!(args.options().modes.global_shadow);
         assert_eq!(args.options().service.input_limits.max_descriptors, 8);
-        assert_eq!(args.drain_timeout, Duration::from_secs(2));
+        assert_eq!(args.shutdown.drain_timeout, Duration::from_secs(2));
         assert_eq!(
-            args.store_spec().unwrap_err().to_string(),
+            args.store.spec().unwrap_err().to_string(),
             "--store: unsupported store \"etcd\"; expected `memory`, `redis://…`, `rediss://…`, `unix:///…` (a Redis Unix socket), `redis-cluster://…`, `rediss-cluster://…` or `redis-sentinel://…`"
         );
     }

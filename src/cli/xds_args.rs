@@ -7,7 +7,8 @@ use std::time::Duration;
 use clap::Args;
 use clap::builder::BoolishValueParser;
 
-use super::values::{positive_duration, tag};
+use crate::clock::positive_duration;
+use crate::options::key_value as tag;
 use crate::xds::{XdsOptions, XdsTls};
 
 #[derive(Debug, Args)]

@@ -22,17 +22,22 @@ use std::path::{Path, PathBuf};
 use crate::rules::{DomainRules, RuleSet};
 pub use error::{ConfigError, ConfigErrors};
 
-/// Which files make the config and how files of one domain combine. The default is
-/// tollgate's own: `*.yaml`/`*.yml` files, no dot entries, one file per domain.
-/// `--env reference` sets what the reference's environment asks for.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Which files make the config and how files of one domain combine: flags of `tollgate
+/// serve`. The default is tollgate's own: `*.yaml`/`*.yml` files, no dot entries, one file per
+/// domain. `--env reference` sets what the reference's environment asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Rules")]
 pub struct LoadOptions {
-    /// Every file, whatever its name ends in (the reference reads every file).
+    /// Read every file under --config, not only `*.yaml`/`*.yml` (as the reference does).
+    #[arg(long = "config-every-file", env = "TOLLGATE_CONFIG_EVERY_FILE", value_parser = clap::builder::BoolishValueParser::new())]
     pub every_file: bool,
-    /// Dot files and dot directories too (the reference's `RUNTIME_IGNOREDOTFILES=false`).
+    /// Read dot files and dot directories under --config too (by default they are skipped:
+    /// editors' swap files, a ConfigMap volume's `..data` copies).
+    #[arg(long = "config-dotfiles", env = "TOLLGATE_CONFIG_DOTFILES", value_parser = clap::builder::BoolishValueParser::new())]
     pub dotfiles: bool,
-    /// Files of one domain are merged (the reference's `MERGE_DOMAIN_CONFIG`); otherwise a
-    /// second file of a domain is an error.
+    /// Merge files that name the same domain (their descriptors must differ) instead of
+    /// refusing the second one (the reference's MERGE_DOMAIN_CONFIG).
+    #[arg(long = "merge-domains", env = "TOLLGATE_MERGE_DOMAINS", value_parser = clap::builder::BoolishValueParser::new())]
     pub merge_domains: bool,
 }
 

@@ -27,6 +27,35 @@ pub use quota::{BucketFigures, MAX_BUCKET_LABELS, QuotaMetrics};
 pub use service::ServiceMetrics;
 pub use store::StoreMetrics;
 
+/// What the metrics count and where else they are served: flags of `tollgate serve`.
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+#[command(next_help_heading = "Metrics")]
+pub struct MetricsOptions {
+    /// Share of a limit past which admitted hits also count as `near_limit` in the metrics.
+    #[arg(long, env = "TOLLGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = crate::telemetry::ratio)]
+    pub near_limit_ratio: f64,
+
+    /// Most label sets with client values (`detailed_metric`, `value_to_metric`) in the
+    /// per-limit metrics; beyond it, hits count under the rule's plain path.
+    #[arg(long, env = "TOLLGATE_METRICS_MAX_DETAILED", default_value_t = 1_000)]
+    pub metrics_max_detailed: usize,
+
+    /// Also serve the metrics alone on this address (at --metrics-path), e.g. for a scrape
+    /// port apart from the admin endpoints.
+    #[arg(long, env = "TOLLGATE_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+
+    /// The path of the metrics on --metrics-addr.
+    #[arg(long, env = "TOLLGATE_METRICS_PATH", default_value = "/metrics", value_parser = crate::options::url_path)]
+    pub metrics_path: String,
+}
+
+impl Default for MetricsOptions {
+    fn default() -> Self {
+        crate::options::defaults()
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     /// The `process_*` metrics, under their standard names (no `tollgate_` prefix).
@@ -101,7 +130,8 @@ impl Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(0.8, 1_000)
+        let options = MetricsOptions::default();
+        Self::new(options.near_limit_ratio, options.metrics_max_detailed)
     }
 }
 

@@ -87,24 +87,28 @@ fn every_variable_is_honoured_and_read_or_ignored_with_a_log_line() {
 #[test]
 fn the_defaults_are_the_reference_defaults() {
     let args = serve(&[]);
-    assert_eq!(args.http_addr.to_string(), "0.0.0.0:8080");
-    assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+    assert_eq!(args.listen.http_addr.to_string(), "0.0.0.0:8080");
+    assert_eq!(args.listen.grpc_addr.to_string(), "0.0.0.0:8081");
     assert_eq!(
-        args.config,
+        args.rules.config,
         Some(PathBuf::from("/srv/runtime_data/current/config"))
     );
-    assert!(args.config_every_file && args.config_dotfiles);
-    assert_eq!(args.config_poll, Some(std::time::Duration::from_secs(1)));
-    assert_eq!(args.store, "unix:///var/run/nutcracker/ratelimit.sock");
-    assert_eq!(args.store_timeout, std::time::Duration::from_secs(10));
-    assert!(
-        args.count_denied,
+    assert!(args.rules.load.every_file && args.rules.load.dotfiles);
+    assert_eq!(args.rules.poll, Some(std::time::Duration::from_secs(1)));
+    assert_eq!(args.store.url, "unix:///var/run/nutcracker/ratelimit.sock");
+    assert_eq!(args.store.timeout, std::time::Duration::from_secs(10));
+    assert_eq!(
+        args.store.charge,
+        crate::algorithm::Charge::Always,
         "the reference counts denied hits by default"
     );
-    assert_eq!(args.deny_cache_size, 0, "LOCAL_CACHE_SIZE_IN_BYTES=0: off");
-    assert_eq!(args.statsd.as_deref(), Some("localhost:8125"));
-    assert_eq!(args.near_limit_ratio, 0.8);
-    assert!(args.tls_cert.is_none() && args.metrics_addr.is_none());
+    assert_eq!(
+        args.store.deny_cache_size, 0,
+        "LOCAL_CACHE_SIZE_IN_BYTES=0: off"
+    );
+    assert_eq!(args.statsd.address.as_deref(), Some("localhost:8125"));
+    assert_eq!(args.metrics.near_limit_ratio, 0.8);
+    assert!(args.tls.tls_cert.is_none() && args.metrics.metrics_addr.is_none());
     let cli = Cli::try_parse_from(
         ["tollgate", "serve"]
             .into_iter()
@@ -129,12 +133,12 @@ fn listeners_logging_and_tls() {
         ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
         ("GRPC_CLIENT_TLS_SAN", "envoy.edge.svc"),
     ]);
-    assert_eq!(args.http_addr.to_string(), "127.0.0.1:9080");
-    assert_eq!(args.grpc_addr.to_string(), "[::1]:9081");
-    assert_eq!(args.tls_cert, Some(PathBuf::from("/c.pem")));
-    assert_eq!(args.tls_key, Some(PathBuf::from("/k.pem")));
-    assert_eq!(args.tls_client_ca, Some(PathBuf::from("/ca.pem")));
-    assert_eq!(args.tls_client_san.as_deref(), Some("envoy.edge.svc"));
+    assert_eq!(args.listen.http_addr.to_string(), "127.0.0.1:9080");
+    assert_eq!(args.listen.grpc_addr.to_string(), "[::1]:9081");
+    assert_eq!(args.tls.tls_cert, Some(PathBuf::from("/c.pem")));
+    assert_eq!(args.tls.tls_key, Some(PathBuf::from("/k.pem")));
+    assert_eq!(args.tls.tls_client_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(args.tls.tls_client_san.as_deref(), Some("envoy.edge.svc"));
     let translation = translate(&env(&[("LOG_LEVEL", "debug"), ("LOG_FORMAT", "json")])).unwrap();
     assert!(
         translation
@@ -153,7 +157,7 @@ fn listeners_logging_and_tls() {
         "GRPC_SERVER_TLS_CERT: required when GRPC_SERVER_USE_TLS is true"
     );
     assert_eq!(
-        serve(&[("GRPC_UDS", "/run/rl.sock")]).grpc_uds,
+        serve(&[("GRPC_UDS", "/run/rl.sock")]).listen.grpc_uds,
         Some(PathBuf::from("/run/rl.sock"))
     );
     assert!(refusal(&[("PORT", "http")]).starts_with("PORT: \"http\" is not a port"));
@@ -171,10 +175,13 @@ fn config_directory_and_loading() {
         ("MERGE_DOMAIN_CONFIG", "true"),
         ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
     ]);
-    assert_eq!(args.config, Some(PathBuf::from("/data/ratelimit/config")));
-    assert!(args.config_every_file && !args.config_dotfiles);
-    assert_eq!(args.config_poll, None, "watched, not polled");
-    assert!(args.merge_domains && args.ready_needs_rules);
+    assert_eq!(
+        args.rules.config,
+        Some(PathBuf::from("/data/ratelimit/config"))
+    );
+    assert!(args.rules.load.every_file && !args.rules.load.dotfiles);
+    assert_eq!(args.rules.poll, None, "watched, not polled");
+    assert!(args.rules.load.merge_domains && args.rules.ready_needs_rules);
     assert!(refusal(&[("CONFIG_TYPE", "CONSUL")]).starts_with("CONFIG_TYPE: \"CONSUL\""));
 }
 
@@ -199,7 +206,7 @@ fn the_xds_config_source_as_envoy_gateway_sets_it() {
         ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "2s"),
         ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
     ]);
-    assert_eq!(args.config, None, "no rule files");
+    assert_eq!(args.rules.config, None, "no rule files");
     assert_eq!(args.xds.config_xds.as_deref(), Some("envoy-gateway:18001"));
     assert_eq!(args.xds.xds_node_id, "envoy-ratelimit");
     let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
@@ -240,14 +247,15 @@ fn behaviour_switches() {
         ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
         ("LIMIT_RESET_HEADER", "X-Reset"),
     ]);
-    assert_eq!(args.store_key_prefix, "team-a:");
-    assert_eq!(args.deny_cache_size, 8_192);
-    assert_eq!(args.near_limit_ratio, 0.9);
-    assert!(
-        !args.count_denied,
+    assert_eq!(args.store.key_prefix, "team-a:");
+    assert_eq!(args.store.deny_cache_size, 8_192);
+    assert_eq!(args.metrics.near_limit_ratio, 0.9);
+    assert_eq!(
+        args.store.charge,
+        crate::algorithm::Charge::IfAllowed,
         "true: a rejected request consumes nothing"
     );
-    assert!(args.shadow_mode && args.quota_mode && args.service.dynamic_metadata);
+    assert!(args.modes.global_shadow && args.modes.global_quota && args.service.dynamic_metadata);
     assert_eq!(
         args.service.response_headers,
         crate::headers::HeaderMode::Legacy
@@ -265,7 +273,7 @@ fn behaviour_switches() {
 
 #[test]
 fn redis_of_every_kind() {
-    let store = |pairs: &[(&str, &str)]| serve(pairs).store;
+    let store = |pairs: &[(&str, &str)]| serve(pairs).store.url;
     assert_eq!(
         store(&[("REDIS_URL", "/run/redis.sock"), ("REDIS_AUTH", "app:p@ss")]),
         "unix:///run/redis.sock?user=app&pass=p%40ss"
@@ -298,11 +306,14 @@ fn redis_of_every_kind() {
         ("REDIS_PERSECOND_URL", "fast:6379"),
         ("REDIS_TIMEOUT", "250ms"),
     ]);
-    assert_eq!(split.store_per_second.as_deref(), Some("redis://fast:6379"));
-    assert_eq!(split.store_timeout, std::time::Duration::from_millis(250));
+    assert_eq!(
+        split.store.per_second_url.as_deref(),
+        Some("redis://fast:6379")
+    );
+    assert_eq!(split.store.timeout, std::time::Duration::from_millis(250));
     assert!(matches!(
-        split.store_spec(),
-        Ok(crate::storage::stack::StoreSpec::RedisPerSecond(..))
+        split.store.spec(),
+        Ok(crate::storage::options::StoreSpec::RedisPerSecond(..))
     ));
     assert!(refusal(&[("REDIS_TYPE", "ring")]).starts_with("REDIS_TYPE: \"ring\""));
     let tls = serve(&[
@@ -313,10 +324,10 @@ fn redis_of_every_kind() {
         ("REDIS_TLS_CLIENT_CERT", "/client.pem"),
         ("REDIS_TLS_CLIENT_KEY", "/client.key"),
     ]);
-    assert_eq!(tls.store, "rediss://redis:6380");
-    assert_eq!(tls.redis_tls_ca, Some(PathBuf::from("/ca.pem")));
-    assert_eq!(tls.redis_tls_cert, Some(PathBuf::from("/client.pem")));
-    assert_eq!(tls.redis_tls_key, Some(PathBuf::from("/client.key")));
+    assert_eq!(tls.store.url, "rediss://redis:6380");
+    assert_eq!(tls.store.redis_tls_ca, Some(PathBuf::from("/ca.pem")));
+    assert_eq!(tls.store.redis_tls_cert, Some(PathBuf::from("/client.pem")));
+    assert_eq!(tls.store.redis_tls_key, Some(PathBuf::from("/client.key")));
     assert!(
         refusal(&[("REDIS_TYPE", "cluster")]).starts_with("REDIS_SOCKET_TYPE: unix works with")
     );
@@ -333,25 +344,22 @@ fn stats_and_tracing() {
         ("PROMETHEUS_ADDR", ":9191"),
         ("PROMETHEUS_PATH", "/stats/prometheus"),
     ]);
-    assert_eq!(args.statsd.as_deref(), Some("127.0.0.1:9125"));
+    assert_eq!(args.statsd.address.as_deref(), Some("127.0.0.1:9125"));
+    assert_eq!(args.statsd.every, std::time::Duration::from_secs(2));
     assert_eq!(
-        args.statsd_flush_interval,
-        std::time::Duration::from_secs(2)
-    );
-    assert_eq!(
-        args.statsd_tags,
+        args.statsd.tags,
         [
             ("cluster".to_owned(), "east".to_owned()),
             ("team".to_owned(), "edge".to_owned())
         ]
     );
     assert_eq!(
-        args.metrics_addr.map(|a| a.to_string()).as_deref(),
+        args.metrics.metrics_addr.map(|a| a.to_string()).as_deref(),
         Some("0.0.0.0:9191")
     );
-    assert_eq!(args.metrics_path, "/stats/prometheus");
-    assert_eq!(serve(&[("DISABLE_STATS", "true")]).statsd, None);
-    assert_eq!(serve(&[("USE_STATSD", "false")]).statsd, None);
+    assert_eq!(args.metrics.metrics_path, "/stats/prometheus");
+    assert_eq!(serve(&[("DISABLE_STATS", "true")]).statsd.address, None);
+    assert_eq!(serve(&[("USE_STATSD", "false")]).statsd.address, None);
 
     let traced = translate(&env(&[
         ("TRACING_ENABLED", "true"),
@@ -405,7 +413,7 @@ fn started_as_ratelimit_or_with_env_reference_and_typed_flags_win() {
         unreachable!()
     };
     assert_eq!(
-        serve.http_addr.to_string(),
+        serve.listen.http_addr.to_string(),
         "127.0.0.1:1",
         "the typed flag wins"
     );

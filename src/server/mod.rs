@@ -30,6 +30,7 @@ use crate::rlqs::service::Quotas;
 use crate::rules::RuleSet;
 use crate::runtime::{Flavor, wait_for};
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
+use crate::shutdown::ShutdownOptions;
 use crate::statsd::StatsdOptions;
 use crate::storage::Store;
 use crate::tls::TlsFiles;
@@ -43,10 +44,7 @@ pub struct Options {
     pub modes: Modes,
     /// The quota service (RLQS).
     pub quota: QuotaOptions,
-    /// How long health says NOT_SERVING before the listeners close.
-    pub shutdown_delay: Duration,
-    /// Bound on the wait for in-flight calls after the listeners close.
-    pub drain_timeout: Duration,
+    pub shutdown: ShutdownOptions,
     /// How often the store is pinged for health.
     pub probe_every: Duration,
     /// Where everything is counted (`GET /metrics`); stores built for this server should
@@ -61,7 +59,7 @@ pub struct Options {
     /// Not ready while the rules name no domain.
     pub ready_needs_rules: bool,
     /// Send the metrics to statsd too.
-    pub statsd: Option<StatsdOptions>,
+    pub statsd: StatsdOptions,
     /// Take the rules from a control plane over xDS instead of files.
     pub xds: Option<XdsOptions>,
     /// With `xds`, be ready before the first rules arrive (unknown domains are answered OK).
@@ -79,20 +77,43 @@ impl Default for Options {
             service: ServiceOptions::default(),
             modes: Modes::default(),
             quota: QuotaOptions::default(),
-            shutdown_delay: Duration::ZERO,
-            drain_timeout: Duration::from_secs(10),
+            shutdown: ShutdownOptions::default(),
             probe_every: Duration::from_secs(1),
             metrics: Arc::new(Metrics::default()),
             reload: None,
             reload_status: Arc::new(ReloadStatus::default()),
             tls: None,
             ready_needs_rules: false,
-            statsd: None,
+            statsd: StatsdOptions::default(),
             xds: None,
             serve_before_config: false,
-            admin_writes: AdminWrites::OPEN,
+            admin_writes: AdminWrites::default(),
             runtime: Flavor::default(),
         }
+    }
+}
+
+/// Where the server listens: flags of `tollgate serve`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Listeners and TLS")]
+pub struct ListenOptions {
+    /// gRPC listen address (RLS v3 and gRPC health).
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+
+    /// Serve gRPC on this Unix socket instead of --grpc-addr (plaintext; for a sidecar on the
+    /// same host; the reference's GRPC_UDS).
+    #[arg(long, env = "TOLLGATE_GRPC_UDS")]
+    pub grpc_uds: Option<std::path::PathBuf>,
+
+    /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+}
+
+impl Default for ListenOptions {
+    fn default() -> Self {
+        crate::options::defaults()
     }
 }
 
@@ -195,10 +216,7 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let tls = tls_config(&options)?;
     options.metrics.config.loaded(true);
-    let statsd = match options.statsd.clone() {
-        Some(statsd) => Some(crate::statsd::spawn(Arc::clone(&options.metrics), statsd)?),
-        None => None,
-    };
+    let statsd = crate::statsd::spawn(Arc::clone(&options.metrics), options.statsd.clone())?;
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     if options.reload.is_some() {
         options.metrics.config.source("files", "");
@@ -287,7 +305,7 @@ pub async fn run(
         result = &mut http => return flatten(result),
     }
     health.begin_shutdown().await;
-    tokio::time::sleep(options.shutdown_delay).await;
+    tokio::time::sleep(options.shutdown.delay).await;
     quotas.stop();
     let _ = stop.send(true);
     probe.abort();
@@ -297,7 +315,7 @@ pub async fn run(
     if let Some(metrics_only) = metrics_only {
         metrics_only.abort();
     }
-    drain(grpc, http, options.drain_timeout).await
+    drain(grpc, http, options.shutdown.drain_timeout).await
 }
 
 /// The gRPC listener's TLS settings, read first: a server that cannot serve TLS as asked must

@@ -14,6 +14,7 @@ pub mod deny_cache;
 pub mod guard;
 pub mod keys;
 pub mod memory;
+pub mod options;
 pub mod redis;
 pub mod rule;
 pub mod stack;
@@ -21,8 +22,7 @@ pub mod stack;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Charge, Outcome, Params};
-use crate::clock::Clock;
+use crate::algorithm::{Outcome, Params};
 use keys::CounterKey;
 
 /// How a hit's denial affects the request.
@@ -167,51 +167,4 @@ pub struct DemandPost<'a> {
 pub struct Demand {
     pub stream: String,
     pub per_second: Option<f64>,
-}
-
-/// How the stores behave: one set of options for every store and the layers around them.
-#[derive(Clone)]
-pub struct StoreOptions {
-    pub charge: Charge,
-    /// Bound on one call to a remote store, redis-rs's own retries included.
-    pub timeout: Duration,
-    /// Counters the local deny cache of a remote store remembers (0: off).
-    pub deny_cache_size: usize,
-    /// Longest the deny cache answers for the store before asking it again.
-    pub deny_cache_max_ttl: Duration,
-    /// Most counters the memory store keeps.
-    pub memory_max_keys: usize,
-    /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
-    /// over.
-    pub redis_connections: usize,
-    /// Serving runtimes (`--runtime per-core`: one per core; else 1). Each runtime besides
-    /// the main one gets a Redis connection of its own, made on it, so that the connection's
-    /// driver task runs on the same thread as the calls it carries.
-    pub runtimes: usize,
-    /// How often a cluster's slot map is read again, besides whenever a call finds it stale:
-    /// a resharding is noticed by the first call it affects anyway, so the period only bounds
-    /// how long grouping stays less than ideal.
-    pub slot_map_refresh: Duration,
-    /// Put before every Redis key (the reference's CACHE_KEY_PREFIX), to share a Redis.
-    pub key_prefix: String,
-    /// `None`: time from the system clock, and in Redis from Redis `TIME`. `Some`: from this
-    /// clock everywhere, Redis scripts included (tests).
-    pub clock: Option<Arc<dyn Clock>>,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            charge: Charge::IfAllowed,
-            timeout: Duration::from_millis(50),
-            deny_cache_size: 100_000,
-            deny_cache_max_ttl: Duration::from_secs(1),
-            memory_max_keys: 1_000_000,
-            redis_connections: 1,
-            runtimes: 1,
-            slot_map_refresh: Duration::from_secs(5),
-            key_prefix: String::new(),
-            clock: None,
-        }
-    }
 }

@@ -6,24 +6,15 @@
 
 use std::sync::Arc;
 
+use super::options::{StoreOptions, StoreSpec};
+use super::redis::RedisStore;
 use super::redis::per_second::PerSecondSplit;
-use super::redis::{RedisSpec, RedisStore};
 use super::{
-    CounterReset, CounterStore, DemandShare, Hit, Store, StoreError, StoreOptions, deny_cache,
-    guard, memory,
+    CounterReset, CounterStore, DemandShare, Hit, Store, StoreError, deny_cache, guard, memory,
 };
 use crate::algorithm::Charge;
 use crate::clock::{Clock, SystemClock};
 use crate::metrics::Metrics;
-
-/// Which store to build, from `--store`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreSpec {
-    Memory,
-    Redis(RedisSpec),
-    /// Per-second limits in the second Redis (`--store-per-second`), the others in the first.
-    RedisPerSecond(RedisSpec, RedisSpec),
-}
 
 /// Builds the store for `spec`. Must run inside a tokio runtime (the memory store sweeps
 /// expired counters in a background task; Redis is connected to in the background).

@@ -23,10 +23,11 @@ use tollgate::clock::ManualClock;
 use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 use tollgate::server::{self, Listeners, Options, ServerError};
+use tollgate::storage::Store;
 use tollgate::storage::memory::MemoryStore;
+use tollgate::storage::options::{StoreOptions, StoreSpec};
 use tollgate::storage::redis::{RedisSpec, RedisStore};
-use tollgate::storage::stack::{StoreSpec, remote_stack};
-use tollgate::storage::{Store, StoreOptions};
+use tollgate::storage::stack::remote_stack;
 use tonic::transport::Channel;
 
 use redis_process::{RedisCluster, RedisSentinels, RedisServer};

@@ -26,7 +26,7 @@ mod pool;
 mod sentinel;
 pub mod slots;
 mod transport;
-mod url;
+pub mod url;
 
 use std::sync::Arc;
 
@@ -38,8 +38,9 @@ pub use url::{RedisCertificates, RedisSpec, SpecError};
 
 use crate::algorithm::Outcome;
 use crate::clock::Micros;
+use crate::storage::options::StoreOptions;
 use crate::storage::{
-    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError, StoreOptions,
+    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError,
 };
 
 pub struct RedisStore {

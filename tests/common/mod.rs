@@ -60,27 +60,27 @@ pub enum Backing {
     Sentinel(RedisSentinels),
 }
 
-/// Runs each named scenario (`async fn name(store: StoreKind)`) as one test per store:
-/// `name::memory`, `name::redis`, `name::cluster`.
+/// A scenario (`async fn name(store: StoreKind)`, in tests/scenarios/) runs once per store:
+/// each test target's `main.rs` defines `on_every_store!` for the stores it has (the fast
+/// target the memory store, the redis target a Redis and a 3-master cluster), and the
+/// scenario files invoke it with their scenarios. `memory_only!` wraps what a scenario file
+/// tests outside the scenarios, once, in the fast target.
 #[macro_export]
-macro_rules! contract {
-    ($($name:ident),* $(,)?) => {$(
+macro_rules! scenarios_on {
+    ($stores:tt ; $($name:ident),* $(,)?) => {
+        $($crate::scenarios_on!(@one $stores $name);)*
+    };
+    (@one [$($test:ident = $kind:ident),+] $name:ident) => {
         mod $name {
             use super::common::StoreKind;
-            #[tokio::test]
-            async fn memory() {
-                super::$name(StoreKind::Memory).await
-            }
-            #[tokio::test]
-            async fn redis() {
-                super::$name(StoreKind::Redis).await
-            }
-            #[tokio::test]
-            async fn cluster() {
-                super::$name(StoreKind::Cluster).await
-            }
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$name(StoreKind::$kind).await
+                }
+            )+
         }
-    )*};
+    };
 }
 
 /// 2222 s after the epoch, the instant the reference's tests use: a minute window has 58 s

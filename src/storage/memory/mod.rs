@@ -338,4 +338,52 @@ mod tests {
         assert_eq!(store.len(), 0);
         assert_eq!(metrics.store.memory_keys.get(), 0);
     }
+
+    #[test]
+    fn a_hit_from_before_a_clock_step_back_counts_in_the_window_the_memory_store_swept_at() {
+        // The sweep ran at a later instant than the hit's (the clock stepped back since): the hit
+        // counts in the later window, whose counter the sweep kept, not in its own window started
+        // again from zero.
+        let clock = ManualClock::at_seconds(1_795_000_000);
+        let store = MemoryStore::new(1_000, Charge::IfAllowed, Arc::new(clock.clone()));
+        const LIMIT: u64 = 5;
+        const MS: Micros = 1_000;
+        let window_end = |at: Micros, outcome: &Outcome| {
+            (at + outcome.reset_after).div_ceil(MICROS_PER_SECOND) * MICROS_PER_SECOND
+        };
+        let user = Hit {
+            params: Params {
+                window: MICROS_PER_SECOND,
+                ..hit("stepped", LIMIT, 1, Role::Enforced).params
+            },
+            ..hit("stepped", LIMIT, 1, Role::Enforced)
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let decide = |at: Micros| {
+            clock.set(at);
+            runtime
+                .block_on(store.apply(std::slice::from_ref(&user)))
+                .unwrap()[0]
+        };
+        let edge = 1_795_000_001 * MICROS_PER_SECOND;
+        for _ in 0..LIMIT {
+            assert!(decide(edge - MS).allowed);
+        }
+        clock.set(edge + 10 * MS);
+        store.sweep();
+        let late = decide(edge - MS / 2);
+        assert_eq!(
+            (
+                late.allowed,
+                late.remaining,
+                window_end(edge - MS / 2, &late)
+            ),
+            (true, LIMIT - 1, edge + MICROS_PER_SECOND),
+            "counted in the next window"
+        );
+        let next = decide(edge + 20 * MS);
+        assert_eq!((next.allowed, next.remaining), (true, LIMIT - 2));
+    }
 }

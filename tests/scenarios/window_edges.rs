@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -190,44 +190,7 @@ async fn straddling_hits_never_admit_more_than_the_limit_per_window(kind: StoreK
     assert_eq!(fullest, LIMIT, "the test must fill windows: {admitted:?}");
 }
 
-contract!(
+on_every_store!(
     a_late_hit_finds_its_window_still_counted,
     straddling_hits_never_admit_more_than_the_limit_per_window,
 );
-
-#[test]
-fn a_hit_from_before_a_clock_step_back_counts_in_the_window_the_memory_store_swept_at() {
-    // The sweep ran at a later instant than the hit's (the clock stepped back since): the hit
-    // counts in the later window, whose counter the sweep kept, not in its own window started
-    // again from zero.
-    let clock = ManualClock::at_seconds(1_795_000_000);
-    let store = MemoryStore::new(1_000, Charge::IfAllowed, Arc::new(clock.clone()));
-    let user = hit("stepped");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    let decide = |at: Micros| {
-        clock.set(at);
-        runtime
-            .block_on(store.apply(std::slice::from_ref(&user)))
-            .unwrap()[0]
-    };
-    let edge = 1_795_000_001 * MICROS_PER_SECOND;
-    for _ in 0..LIMIT {
-        assert!(decide(edge - MS).allowed);
-    }
-    clock.set(edge + 10 * MS);
-    store.sweep();
-    let late = decide(edge - MS / 2);
-    assert_eq!(
-        (
-            late.allowed,
-            late.remaining,
-            window_end(edge - MS / 2, &late)
-        ),
-        (true, LIMIT - 1, edge + MICROS_PER_SECOND),
-        "counted in the next window"
-    );
-    let next = decide(edge + 20 * MS);
-    assert_eq!((next.allowed, next.remaining), (true, LIMIT - 2));
-}

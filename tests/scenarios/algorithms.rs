@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
 use tollgate::clock::MICROS_PER_SECOND;
@@ -211,7 +211,7 @@ async fn first_hit_anchor_counts_a_minute_from_the_first_hit(store: StoreKind) {
     assert_eq!(one(&server, "first").await, limited(OK, "1/MINUTE", 0, 60));
 }
 
-contract!(
+on_every_store!(
     per_second_and_per_minute_on_one_descriptor_report_the_tighter_and_share_nothing_on_denial,
     fixed_window_lets_twice_the_limit_through_a_boundary_and_sliding_log_does_not,
     sliding_window_weights_the_previous_minute,

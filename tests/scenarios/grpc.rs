@@ -3,10 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use common::*;
-use prost::Message as _;
 use tollgate::algorithm::Charge;
 use tollgate::clock::MICROS_PER_SECOND;
 use tollgate::limiter::Modes;
@@ -511,34 +510,7 @@ async fn two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty(store
     assert_eq!((admitted, denied), (50, 150));
 }
 
-#[tokio::test]
-async fn malformed_requests_are_invalid_argument_naming_the_field() {
-    let server = start(&[("api.yaml", API)]).await;
-    let cases = [
-        (
-            request("", &[&[("user", "x")]]),
-            "domain: must not be empty",
-        ),
-        (request("api", &[]), "descriptors: must not be empty"),
-        (
-            request("api", &[&[("user", "x")], &[("", "x")]]),
-            "descriptors[1].entries[0].key: must not be empty",
-        ),
-        (
-            request("api", &[&[]]),
-            "descriptors[0].entries: must not be empty",
-        ),
-    ];
-    for (bad, message) in cases {
-        let error = server.call(bad).await.unwrap_err();
-        assert_eq!(
-            (error.code(), error.message()),
-            (Code::InvalidArgument, message)
-        );
-    }
-}
-
-contract!(
+on_every_store!(
     the_three_status_shapes,
     a_limit_of_n_admits_n_per_epoch_aligned_window,
     reset_rounds_up_to_whole_seconds,
@@ -560,58 +532,89 @@ contract!(
     two_hundred_concurrent_requests_against_fifty_admit_exactly_fifty,
 );
 
-#[tokio::test]
-async fn reflection_lists_and_describes_the_services_as_grpcurl_asks() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+// Besides the scenarios, on the memory store only.
+memory_only! {
+    #[tokio::test]
+    async fn malformed_requests_are_invalid_argument_naming_the_field() {
+        let server = start(&[("api.yaml", API)]).await;
+        let cases = [
+            (
+                request("", &[&[("user", "x")]]),
+                "domain: must not be empty",
+            ),
+            (request("api", &[]), "descriptors: must not be empty"),
+            (
+                request("api", &[&[("user", "x")], &[("", "x")]]),
+                "descriptors[1].entries[0].key: must not be empty",
+            ),
+            (
+                request("api", &[&[]]),
+                "descriptors[0].entries: must not be empty",
+            ),
+        ];
+        for (bad, message) in cases {
+            let error = server.call(bad).await.unwrap_err();
+            assert_eq!(
+                (error.code(), error.message()),
+                (Code::InvalidArgument, message)
+            );
+        }
+    }
 
-    let server = start(&[("d.yaml", "domain: d\n")]).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = ServerReflectionClient::new(channel);
-    let ask = |request: MessageRequest| ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(request),
-    };
-    let asks = vec![
-        ask(MessageRequest::ListServices(String::new())),
-        ask(MessageRequest::FileContainingSymbol(
-            "envoy.service.ratelimit.v3.RateLimitService".into(),
-        )),
-    ];
-    let mut answers = client
-        .server_reflection_info(futures_util::stream::iter(asks))
-        .await
-        .unwrap()
-        .into_inner();
+    #[tokio::test]
+    async fn reflection_lists_and_describes_the_services_as_grpcurl_asks() {
+        use prost::Message as _;
+        use tonic_reflection::pb::v1::ServerReflectionRequest;
+        use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let Some(MessageResponse::ListServicesResponse(list)) =
-        answers.message().await.unwrap().unwrap().message_response
-    else {
-        panic!("expected the list of services");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    names.sort();
-    assert_eq!(
-        names,
-        [
-            "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
-            "envoy.service.ratelimit.v3.RateLimitService",
-            "grpc.health.v1.Health",
-            "grpc.reflection.v1.ServerReflection",
-        ]
-    );
-    let Some(MessageResponse::FileDescriptorResponse(files)) =
-        answers.message().await.unwrap().unwrap().message_response
-    else {
-        panic!("expected the file that defines the service");
-    };
-    let file = prost_types::FileDescriptorProto::decode(&*files.file_descriptor_proto[0]).unwrap();
-    assert_eq!(file.name(), "envoy/service/ratelimit/v3/rls.proto");
-    assert_eq!(file.service[0].method[0].name(), "ShouldRateLimit");
+        let server = start(&[("d.yaml", "domain: d\n")]).await;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = ServerReflectionClient::new(channel);
+        let ask = |request: MessageRequest| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(request),
+        };
+        let asks = vec![
+            ask(MessageRequest::ListServices(String::new())),
+            ask(MessageRequest::FileContainingSymbol(
+                "envoy.service.ratelimit.v3.RateLimitService".into(),
+            )),
+        ];
+        let mut answers = client
+            .server_reflection_info(futures_util::stream::iter(asks))
+            .await
+            .unwrap()
+            .into_inner();
+
+        let Some(MessageResponse::ListServicesResponse(list)) =
+            answers.message().await.unwrap().unwrap().message_response
+        else {
+            panic!("expected the list of services");
+        };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
+                "envoy.service.ratelimit.v3.RateLimitService",
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+            ]
+        );
+        let Some(MessageResponse::FileDescriptorResponse(files)) =
+            answers.message().await.unwrap().unwrap().message_response
+        else {
+            panic!("expected the file that defines the service");
+        };
+        let file = prost_types::FileDescriptorProto::decode(&*files.file_descriptor_proto[0]).unwrap();
+        assert_eq!(file.name(), "envoy/service/ratelimit/v3/rls.proto");
+        assert_eq!(file.service[0].method[0].name(), "ShouldRateLimit");
+    }
 }

@@ -1,7 +1,9 @@
 //! The structure drawn from the imports: every `use` and every path through `crate::`,
 //! `super::` or a child module, file by file under src/ (test code left out). It must have no
 //! loops, and no import may go from a module to one in a higher layer of the table in
-//! docs/design.md ("Layers"), which must name every module of src/lib.rs exactly once.
+//! docs/design.md ("Layers"), which must name every module of src/lib.rs exactly once. Files
+//! stay under about 450 lines, src/lib.rs's map names every module, and every repository path
+//! docs/ and the README name exists.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -98,6 +100,66 @@ fn the_lib_map_names_every_module() {
         "src/lib.rs's map does not name: {}",
         missing.join(", ")
     );
+}
+
+#[test]
+fn every_repository_path_the_docs_name_exists() {
+    let mut documents: Vec<PathBuf> = std::fs::read_dir("docs")
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    documents.push(PathBuf::from("README.md"));
+    let mut missing = Vec::new();
+    for document in &documents {
+        let text = std::fs::read_to_string(document).unwrap();
+        for path in repository_paths(&text) {
+            if !Path::new(&path).exists() {
+                missing.push(format!("{}: {path}", document.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "paths that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The paths in `text` that start at one of the repository's top folders (`src/…`,
+/// `tests/…`, …), without a trailing anchor or punctuation; a path with a placeholder
+/// (`<name>`, `*`) names no one file and is left out.
+fn repository_paths(text: &str) -> Vec<String> {
+    const ROOTS: [&str; 10] = [
+        "src/",
+        "tests/",
+        "scripts/",
+        "deploy/",
+        "docs/",
+        "examples/",
+        "benches/",
+        "proto/",
+        "fuzz/",
+        ".ci/",
+    ];
+    let path_char = |c: char| c.is_ascii_alphanumeric() || "/._-<>*{}".contains(c);
+    let mut paths = Vec::new();
+    for (at, _) in text.char_indices() {
+        let rest = &text[at..];
+        let Some(root) = ROOTS.iter().find(|root| rest.starts_with(**root)) else {
+            continue;
+        };
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || "/._-".contains(c)) {
+            continue;
+        }
+        let end = rest.find(|c: char| !path_char(c)).unwrap_or(rest.len());
+        let path = rest[..end].trim_end_matches(['.', ',', ';', ':', ')']);
+        if path.len() > root.len() && !path.contains(['<', '>', '*', '{', '}']) {
+            paths.push(path.to_owned());
+        }
+    }
+    paths
 }
 
 /// Every library module but test-only ones, by path.

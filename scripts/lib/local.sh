@@ -1,4 +1,4 @@
-# Shared by the measurement scripts (bench-redis, soak, overload): a scratch directory, the
+# Shared by the measurement scripts (scripts/README.md): a scratch directory, the
 # processes they start (all stopped on exit), free loopback ports, a local redis-server.
 # Source it after `cd` to the repository root.
 

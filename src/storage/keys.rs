@@ -121,7 +121,8 @@ fn push_part(out: &mut Vec<u8>, marker: u8, part: &str) {
 }
 
 /// `value` in decimal: what `write!(out, "{value}")` writes, without the formatting machinery
-/// (a third of a key's cost). Most numbers in a key (lengths, windows) are one digit.
+/// (a large share of a key's cost: docs/performance.md). Most numbers in a key (lengths,
+/// windows) are one digit.
 fn push_decimal(out: &mut Vec<u8>, mut value: u64) {
     if value < 10 {
         out.push(b'0' + value as u8);

@@ -1,8 +1,9 @@
 //! Redis's clock as this replica tracks it: the instant a call decides at. Reading `TIME`
-//! inside every call cost Redis a third of the cheapest counter's whole cost; instead each
-//! replica asks Redis for its time once a second and keeps the offset to its own monotonic
-//! clock, so that replicas whose clocks disagree still decide by one clock, Redis's (on a
-//! cluster, the clock of the primary of a fixed slot, the same for every replica).
+//! inside every call cost Redis a large share of the cheapest counter (docs/performance.md);
+//! instead each replica asks Redis for its time once a second and keeps the offset to its own
+//! monotonic clock, so that replicas whose clocks disagree still decide by one clock,
+//! Redis's (on a cluster, the clock of the primary of a fixed slot, the same for every
+//! replica).
 //!
 //! The bound the design relies on (docs/design.md, "Time"): a replica's estimate is off by at
 //! most half the round trip of the sample it came from, which is trusted only within

@@ -6,7 +6,7 @@
 //! # Request flow
 //!
 //! ```text
-//! service.rs   protobuf → descriptor::Request (validated), Decision → protobuf, errors → Status
+//! service/     protobuf → descriptor::Request (validated), Decision → protobuf, errors → Status
 //!     ↓
 //! limiter.rs   rules (one atomic load) → a limit per descriptor → one store call → statuses
 //!     ↓                    ↘ rules/matcher.rs: the reference's precedence, no backtracking
@@ -23,8 +23,8 @@
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
 //! - `cli` (`cli/serve.rs`: `serve`'s flags, each part's options struct flattened,
 //!   `cli/xds_args.rs` those of the xDS source; `cli/commands.rs` what each command does):
-//!   the command line (`serve`, `check`, `query`, `bench`, `health`, `reset`); `main.rs`
-//!   parses it.
+//!   the command line (`serve`, `check`, `query`, `bench`, `bench-rlqs`, `health`, `reset`,
+//!   and the hidden `bench-calls`); `main.rs` parses it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown (`server/grpc.rs`: the
 //!   gRPC routes and transport).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may

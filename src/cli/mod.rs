@@ -186,6 +186,34 @@ mod tests {
     use crate::storage::options::StoreSpec;
 
     #[test]
+    fn every_part_defaults_to_its_flags_defaults() {
+        let Command::Serve(args) = Cli::try_parse_from(["tollgate", "serve", "--config", "x"])
+            .unwrap()
+            .command
+        else {
+            panic!("serve");
+        };
+        assert_eq!(args.service, ServiceOptions::default());
+        assert_eq!(args.quota, crate::rlqs::QuotaOptions::default());
+        assert_eq!(args.modes, crate::limiter::Modes::default());
+        assert_eq!(args.shutdown, crate::shutdown::ShutdownOptions::default());
+        assert_eq!(args.metrics, crate::metrics::MetricsOptions::default());
+        assert_eq!(args.statsd, crate::statsd::StatsdOptions::default());
+        assert_eq!(args.listen, crate::server::ListenOptions::default());
+        assert_eq!(args.tls, crate::tls::TlsOptions::default());
+        assert_eq!(args.admin, crate::admin::writes::AdminWrites::default());
+        let store = crate::storage::options::StoreOptions::default();
+        assert_eq!(
+            (
+                args.store.url.as_str(),
+                args.store.timeout,
+                args.store.charge
+            ),
+            (store.url.as_str(), store.timeout, store.charge)
+        );
+    }
+
+    #[test]
     fn every_subcommand_is_well_formed() {
         // Clashing names or groups panic here rather than when a user runs the command.
         use clap::CommandFactory as _;

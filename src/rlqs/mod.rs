@@ -52,12 +52,7 @@ pub struct QuotaOptions {
 
 impl Default for QuotaOptions {
     fn default() -> Self {
-        Self {
-            rlqs_interval: Duration::from_secs(1),
-            rlqs_abandon_after: Duration::from_secs(60),
-            rlqs_assignment_ttl: Duration::from_secs(10),
-            rlqs_floor: 0.1,
-        }
+        crate::options::defaults()
     }
 }
 

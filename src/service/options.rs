@@ -79,7 +79,12 @@ pub struct ServiceOptions {
 
     /// Decisions in flight at once; beyond, a request waits up to --max-queue-time for a slot,
     /// then gets RESOURCE_EXHAUSTED (load shedding).
-    #[arg(long, env = "TOLLGATE_MAX_IN_FLIGHT", default_value_t = ServiceOptions::DEFAULT.max_in_flight, help_heading = "Responses and load shedding")]
+    #[arg(
+        long,
+        env = "TOLLGATE_MAX_IN_FLIGHT",
+        default_value_t = 4_096,
+        help_heading = "Responses and load shedding"
+    )]
     pub max_in_flight: usize,
 
     /// Longest wait for a decision slot when --max-in-flight are busy.
@@ -87,26 +92,9 @@ pub struct ServiceOptions {
     pub max_queue_time: Duration,
 }
 
-impl ServiceOptions {
-    pub const DEFAULT: ServiceOptions = ServiceOptions {
-        input_limits: InputLimits::DEFAULT,
-        on_store_error: OnStoreError::Unavailable,
-        store_error_header: StoreErrorHeader::Upstream,
-        response_headers: HeaderMode::Off,
-        // Empty means the default names (`LEGACY_HEADER_NAMES`); a const cannot allocate.
-        legacy_header_names: Vec::new(),
-        dynamic_metadata: false,
-        max_in_flight: 4_096,
-        max_queue_time: Duration::from_millis(50),
-    };
-}
-
 impl Default for ServiceOptions {
     fn default() -> Self {
-        Self {
-            legacy_header_names: LEGACY_HEADER_NAMES.map(String::from).to_vec(),
-            ..Self::DEFAULT
-        }
+        crate::options::defaults()
     }
 }
 

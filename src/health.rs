@@ -6,18 +6,22 @@
 //! the `/readyz` body and a log line at each change. One state drives both the gRPC health
 //! service (for the names Envoy and Kubernetes probe) and the HTTP `/healthcheck` and
 //! `/readyz` endpoints.
+//!
+//! Liveness (`/healthz`) fails only when the store reports its client stuck: calls failing
+//! for `--store-stuck-after` through fresh connections (`storage/redis/doctor.rs`), which a
+//! restart may cure. Nothing else does: a Redis outage is not cured by restarting.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use prometheus_client::metrics::gauge::Gauge;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::rules::RuleSet;
-use crate::storage::CounterStore;
+use crate::storage::{CounterStore, StoreError};
 
 /// The gRPC health service names that reflect readiness: the server as a whole, the name the
 /// reference registers, and the RLS service's full name.
@@ -31,6 +35,8 @@ pub const SERVICE_NAMES: [&str; 3] = [
 pub struct Health {
     reporter: HealthReporter,
     store_ok: Arc<AtomicBool>,
+    /// Why the store client is stuck, when it is (liveness fails).
+    stuck: Arc<ArcSwapOption<String>>,
     shutting_down: Arc<AtomicBool>,
     /// Whether a store outage makes requests fail, hence the server unready.
     store_gates_readiness: bool,
@@ -56,6 +62,7 @@ impl Health {
         let health = Self {
             reporter,
             store_ok: Arc::new(AtomicBool::new(false)),
+            stuck: Arc::new(ArcSwapOption::empty()),
             shutting_down: Arc::new(AtomicBool::new(false)),
             store_gates_readiness,
             store_up,
@@ -104,7 +111,25 @@ impl Health {
         self.store_ok.load(Ordering::SeqCst)
     }
 
-    pub async fn set_store_ok(&self, ok: bool) {
+    /// Why the store client cannot recover by itself, if it cannot: liveness fails.
+    pub fn stuck(&self) -> Option<Arc<String>> {
+        self.stuck.load_full()
+    }
+
+    /// Learns from a probe of the store.
+    pub async fn set_store(&self, probe: &Result<(), StoreError>) {
+        let stuck = match probe {
+            Err(StoreError::Stuck(why)) => Some(Arc::new(why.clone())),
+            _ => None,
+        };
+        if let (Some(why), None) = (&stuck, self.stuck.load().as_ref()) {
+            tracing::error!(%why, "the store client cannot recover by itself; failing liveness (/healthz) so that the process is restarted (--store-stuck-after)");
+        }
+        self.stuck.store(stuck);
+        self.set_store_ok(probe.is_ok()).await;
+    }
+
+    async fn set_store_ok(&self, ok: bool) {
         let changed = self.store_ok.swap(ok, Ordering::SeqCst) != ok;
         // After the state it reports: whoever reads the gauge finds readiness in step.
         self.store_up.set(i64::from(ok));
@@ -154,12 +179,12 @@ pub async fn probe_store(health: Health, store: Arc<dyn CounterStore>, every: Du
     let mut ticks = tokio::time::interval(every);
     while !health.shutting_down.load(Ordering::SeqCst) {
         ticks.tick().await;
-        let ok = tokio::time::timeout(every, store.ping())
+        let probe = tokio::time::timeout(every, store.ping())
             .await
-            .is_ok_and(|ping| ping.is_ok());
+            .unwrap_or(Err(StoreError::Timeout(every)));
         if health.shutting_down.load(Ordering::SeqCst) {
             return;
         }
-        health.set_store_ok(ok).await;
+        health.set_store(&probe).await;
     }
 }

@@ -54,7 +54,8 @@
 //!   `CounterStore` trait and its vocabulary, with `storage/rule.rs` (the request rule every
 //!   store applies), `storage/memory/` (in-process: `storage/memory/map.rs` the sharded map),
 //!   `storage/redis/` (Redis, Redis Cluster and Redis Sentinel, by stage:
-//!   `storage/redis/pool.rs` the connections, made in the background, from
+//!   `storage/redis/pool.rs` the connections, made in the background and made again when
+//!   `storage/redis/doctor.rs` says the calls call for it, from
 //!   `storage/redis/url.rs` where and `storage/redis/connection.rs` how
 //!   (`storage/redis/sentinel.rs` behind sentinels); `storage/redis/fanout.rs` a request as
 //!   calls, one per node (`storage/redis/slots.rs` which node), and their refunds;

@@ -38,3 +38,13 @@ pub fn url_path(text: &str) -> Result<String, String> {
         Err(format!("{text:?} is not a path starting with /"))
     }
 }
+
+/// A duration (`50ms`, `1s`, `2m`) above zero: for timeouts, where zero would fail every
+/// call.
+pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(text) {
+        Ok(duration) if duration.is_zero() => Err("must be above zero".into()),
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
+}

@@ -1,6 +1,6 @@
 //! The HTTP admin listener (port 8080 by default), with the reference's endpoints:
 //! `/healthcheck` (200 `OK` when ready, else 500), `/healthz` (liveness: 200 while the process
-//! runs), `/readyz` (as `/healthcheck`, plus the store's state), `POST /json` (a `RateLimitRequest` as protojson; 200
+//! runs, 500 when the store client is stuck), `/readyz` (as `/healthcheck`, plus the store's state), `POST /json` (a `RateLimitRequest` as protojson; 200
 //! OK, 429 OVER_LIMIT, 400 invalid request, 503 store unavailable), `GET /config` (the
 //! active rules, one line per limit), and tollgate's own `POST /reset` (an operator's reset
 //! of the counters a request names). `writes.rs` guards the two that change state.
@@ -59,7 +59,7 @@ pub fn router(
         .route("/metrics", get(metrics_text))
         .route("/healthcheck", get(readiness))
         .route("/readyz", get(readiness_with_store))
-        .route("/healthz", get(|| async { "OK" }))
+        .route("/healthz", get(liveness))
         .route("/config", get(config))
         .merge(mutating)
         .with_state(Admin {
@@ -95,6 +95,17 @@ fn exposition(metrics: &Metrics) -> Response {
         metrics.render(),
     )
         .into_response()
+}
+
+/// 200 while the process runs, unless the store client is stuck (`Health::stuck`).
+async fn liveness(State(admin): State<Admin>) -> (StatusCode, String) {
+    match admin.health.stuck() {
+        None => (StatusCode::OK, "OK".into()),
+        Some(why) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("store client stuck: {why}\n"),
+        ),
+    }
 }
 
 async fn readiness(State(admin): State<Admin>) -> (StatusCode, &'static str) {

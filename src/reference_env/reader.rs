@@ -25,6 +25,14 @@ impl Reader<'_> {
         }
     }
 
+    /// Whether the variable is set to something other than blanks.
+    pub(super) fn is_set(&mut self, name: &str) -> bool {
+        self.out.read.insert(name.to_owned());
+        self.vars
+            .get(name)
+            .is_some_and(|value| !value.trim().is_empty())
+    }
+
     /// A boolean as Go's `strconv.ParseBool` reads it.
     pub(super) fn switch(&mut self, name: &str) -> Result<bool, EnvError> {
         match self.text(name).as_str() {
@@ -250,8 +258,20 @@ impl Reader<'_> {
             let per_second = self.store_url("REDIS_PERSECOND_")?;
             self.flag("--store-per-second", per_second, "REDIS_PERSECOND_URL");
         }
+        // The reference's dial timeout; its calls are bounded by the request alone, ours by
+        // --store-timeout as well.
         let timeout = self.text("REDIS_TIMEOUT");
-        self.flag("--store-timeout", timeout, "REDIS_TIMEOUT");
+        self.flag("--redis-connect-timeout", timeout, "REDIS_TIMEOUT");
+        // Unset, tollgate reconnects on READONLY anyway (the reference does not): only an
+        // explicit false turns that off.
+        if self.is_set("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR") {
+            let reconnect = self.switch("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR")?;
+            self.flag(
+                "--redis-reconnect-on-readonly",
+                reconnect.to_string(),
+                "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+            );
+        }
         Ok(())
     }
 

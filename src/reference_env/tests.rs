@@ -96,7 +96,15 @@ fn the_defaults_are_the_reference_defaults() {
     assert!(args.rules.load.every_file && args.rules.load.dotfiles);
     assert_eq!(args.rules.poll, Some(std::time::Duration::from_secs(1)));
     assert_eq!(args.store.url, "unix:///var/run/nutcracker/ratelimit.sock");
-    assert_eq!(args.store.timeout, std::time::Duration::from_secs(10));
+    assert_eq!(
+        (args.store.connect_timeout, args.store.timeout),
+        (
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_millis(50)
+        ),
+        "REDIS_TIMEOUT is a dial timeout; calls keep tollgate's own bound"
+    );
+    assert!(args.store.reconnect_on_readonly);
     assert_eq!(
         args.store.charge,
         crate::algorithm::Charge::Always,
@@ -310,7 +318,13 @@ fn redis_of_every_kind() {
         split.store.per_second_url.as_deref(),
         Some("redis://fast:6379")
     );
-    assert_eq!(split.store.timeout, std::time::Duration::from_millis(250));
+    assert_eq!(
+        split.store.connect_timeout,
+        std::time::Duration::from_millis(250)
+    );
+    let explicit = |value| serve(&[("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR", value)]);
+    assert!(!explicit("false").store.reconnect_on_readonly);
+    assert!(explicit("true").store.reconnect_on_readonly);
     assert!(matches!(
         split.store.spec(),
         Ok(crate::storage::options::StoreSpec::RedisPerSecond(..))

@@ -242,7 +242,16 @@ pub const VARIABLES: &[Variable] = &[
     ignored("REDIS_PIPELINE_WINDOW", "0", GO_POOL),
     ignored("REDIS_PIPELINE_LIMIT", "0", GO_POOL),
     ignored("REDIS_CLUSTER_PIPELINE_PARALLELISM", "1", GO_POOL),
-    honoured("REDIS_TIMEOUT", "10s", "--store-timeout"),
+    honoured(
+        "REDIS_TIMEOUT",
+        "10s",
+        "--redis-connect-timeout (a dial timeout there too; calls keep --store-timeout)",
+    ),
+    honoured(
+        "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
+        "false",
+        "--redis-reconnect-on-readonly=false when set false; unset, tollgate reconnects on READONLY",
+    ),
     ignored("REDIS_POOL_ON_EMPTY_BEHAVIOR", "WAIT", GO_POOL),
     ignored("REDIS_POOL_ON_EMPTY_WAIT_DURATION", "1s", GO_POOL),
     honoured("REDIS_PERSECOND", "false", "--store-per-second"),
@@ -267,7 +276,7 @@ pub const VARIABLES: &[Variable] = &[
     ignored(
         "REDIS_PERSECOND_TIMEOUT",
         "10s",
-        "one --store-timeout (REDIS_TIMEOUT) bounds calls to both stores",
+        "one --redis-connect-timeout (REDIS_TIMEOUT) for both stores",
     ),
     ignored("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", "WAIT", GO_POOL),
     ignored("REDIS_PERSECOND_POOL_ON_EMPTY_WAIT_DURATION", "1s", GO_POOL),
@@ -282,7 +291,7 @@ pub const VARIABLES: &[Variable] = &[
     ignored(
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
         "false",
-        "readiness follows a PING of the store every second (tollgate_store_up)",
+        "readiness follows a probe write to the store every second and the calls' own failures (tollgate_store_up)",
     ),
     ignored("REDIS_STARTUP_INITIAL_INTERVAL", "1s", STARTUP),
     ignored("REDIS_STARTUP_MAX_INTERVAL", "30s", STARTUP),

@@ -63,6 +63,15 @@ pub enum StoreError {
     /// The circuit breaker is open: the store failed repeatedly and is not asked for now.
     #[error("store unavailable: circuit breaker open")]
     CircuitOpen,
+    /// The store is a replica, which refuses writes: the connection leads to a master that
+    /// was demoted (an address repointed at a failover). Fresh connections are made
+    /// (`--redis-reconnect-on-readonly`).
+    #[error("store is read-only (a replica): {0}")]
+    ReadOnly(#[source] Cause),
+    /// Calls have failed for longer than `--store-stuck-after` while Redis accepts fresh
+    /// connections: this replica's client cannot recover by itself (liveness fails).
+    #[error("store client stuck: {0}")]
+    Stuck(String),
     /// The store answered with an error that retrying does not change: a wrong password, a
     /// refused command, a failing script.
     #[error("store refused the call: {0}")]
@@ -79,6 +88,8 @@ impl StoreError {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Timeout(_) => "timeout",
             StoreError::CircuitOpen => "circuit_open",
+            StoreError::ReadOnly(_) => "read_only",
+            StoreError::Stuck(_) => "stuck",
             StoreError::Refused(_) => "refused",
             StoreError::MalformedReply(_) => "malformed_reply",
         }
@@ -87,8 +98,11 @@ impl StoreError {
     /// Whether the same call may succeed later without anyone changing anything.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) | StoreError::Timeout(_) | StoreError::CircuitOpen => true,
-            StoreError::Refused(_) | StoreError::MalformedReply(_) => false,
+            StoreError::Unavailable(_)
+            | StoreError::Timeout(_)
+            | StoreError::CircuitOpen
+            | StoreError::ReadOnly(_) => true,
+            StoreError::Stuck(_) | StoreError::Refused(_) | StoreError::MalformedReply(_) => false,
         }
     }
 

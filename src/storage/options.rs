@@ -66,9 +66,26 @@ pub struct StoreOptions {
     pub redis_tls_key: Option<PathBuf>,
 
     /// Longest wait for one Redis call, redis-rs's own retries included (never longer than
-    /// the client's gRPC deadline).
-    #[arg(long = "store-timeout", env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = humantime::parse_duration)]
+    /// the client's gRPC deadline; with none, this bounds the call alone).
+    #[arg(long = "store-timeout", env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = crate::options::positive_duration)]
     pub timeout: Duration,
+
+    /// Longest wait to make a connection to Redis (the reference's REDIS_TIMEOUT); calls are
+    /// bounded by --store-timeout.
+    #[arg(long = "redis-connect-timeout", env = "TOLLGATE_REDIS_CONNECT_TIMEOUT", default_value = "1s", value_parser = crate::options::positive_duration)]
+    pub connect_timeout: Duration,
+
+    /// Make fresh connections when Redis answers READONLY: the address leads to a master that
+    /// was demoted (a failover by DNS, a Service or a proxy; the reference's
+    /// REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR).
+    #[arg(long = "redis-reconnect-on-readonly", env = "TOLLGATE_REDIS_RECONNECT_ON_READONLY", num_args = 0..=1, default_value = "true", default_missing_value = "true", value_parser = BoolishValueParser::new())]
+    pub reconnect_on_readonly: bool,
+
+    /// Fail liveness (`/healthz`) when every Redis call has failed this long although fresh
+    /// connections were made meanwhile: the client cannot recover by itself, a restart may
+    /// (0s: never). A Redis that refuses connections never fails liveness.
+    #[arg(long = "store-stuck-after", env = "TOLLGATE_STORE_STUCK_AFTER", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub stuck_after: Duration,
 
     /// Counters a Redis store remembers as denied, to answer them locally until their retry
     /// time (0: off).
@@ -252,6 +269,9 @@ mod tests {
         let options = StoreOptions::default();
         assert_eq!(options.url, "memory");
         assert_eq!(options.timeout, Duration::from_millis(50));
+        assert_eq!(options.connect_timeout, Duration::from_secs(1));
+        assert_eq!(options.stuck_after, Duration::from_secs(60));
+        assert!(options.reconnect_on_readonly);
         assert_eq!(options.charge, Charge::IfAllowed);
         assert_eq!(
             (

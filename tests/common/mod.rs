@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod envoy;
+pub mod proxy;
 pub mod redis_process;
 pub mod rlqs;
 pub mod rng;
@@ -108,6 +109,8 @@ pub struct Setup {
     pub store_timeout: Duration,
     /// Watch the test's config directory (`Some(poll)`: poll instead of events).
     pub reload: Option<Option<Duration>>,
+    /// A store of the test's own making, instead of `store`'s.
+    pub own_store: Option<Store>,
 }
 
 impl Default for Setup {
@@ -119,6 +122,7 @@ impl Default for Setup {
             store: StoreKind::Memory,
             store_timeout: Duration::from_secs(2),
             reload: None,
+            own_store: None,
         }
     }
 }
@@ -234,7 +238,10 @@ pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer 
     }
     let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
-    let (store, backing) = build_store(&setup, &clock);
+    let (store, backing) = match setup.own_store.take() {
+        Some(store) => (store, Backing::None),
+        None => build_store(&setup, &clock),
+    };
     let server_needs_rules = setup.options.ready_needs_rules
         || (setup.options.xds.is_some() && !setup.options.serve_before_config);
     let listeners = Listeners::bind(loopback(), loopback())
@@ -539,6 +546,17 @@ pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
 
 /// `tollgate serve` with extra flags.
 pub fn spawn_serve_with(config: &Path, grpc: u16, http: u16, extra: &[&str]) -> ChildGuard {
+    spawn_serve_logged(config, grpc, http, extra, Stdio::null())
+}
+
+/// `tollgate serve` with extra flags, its log to `log`.
+pub fn spawn_serve_logged(
+    config: &Path,
+    grpc: u16,
+    http: u16,
+    extra: &[&str],
+    log: impl Into<Stdio>,
+) -> ChildGuard {
     let child = tollgate_bin()
         .args(["serve", "--config"])
         .arg(config)
@@ -550,7 +568,7 @@ pub fn spawn_serve_with(config: &Path, grpc: u16, http: u16, extra: &[&str]) -> 
             &format!("127.0.0.1:{http}"),
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("spawn tollgate serve");
     ChildGuard(child)
@@ -567,6 +585,18 @@ impl Replica {
     /// Starts `tollgate serve` on free ports with `extra` flags; does not wait.
     pub fn spawn(config: &Path, extra: &[&str]) -> Self {
         Self::spawn_on(config, free_port(), extra)
+    }
+
+    /// Starts `tollgate serve` on free ports with `extra` flags, its log in `log`; does not
+    /// wait.
+    pub fn spawn_logged(config: &Path, extra: &[&str], log: &Path) -> Self {
+        let (grpc, http) = (free_port(), free_port());
+        let log = std::fs::File::create(log).expect("log file");
+        Self {
+            grpc,
+            http,
+            process: spawn_serve_logged(config, grpc, http, extra, log),
+        }
     }
 
     /// Starts `tollgate serve` with its gRPC listener on `grpc`.

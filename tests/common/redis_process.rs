@@ -139,6 +139,44 @@ impl RedisServer {
         }
     }
 
+    /// Stops the process without closing its connections (SIGSTOP): a Redis that stops
+    /// answering, as one stalled by its host or a long fork does.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let sent = Command::new("kill").args([signal, &pid]).status();
+        assert!(
+            sent.is_ok_and(|status| status.success()),
+            "kill {signal} {pid}"
+        );
+    }
+
+    /// Makes this server a replica of `master` and waits until it holds the master's data.
+    pub fn replicate(&self, master: &RedisServer) {
+        self.query(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
+        self.wait_for(
+            |replica| {
+                replica
+                    .try_query(&["INFO", "replication"])
+                    .and_then(|info| redis::from_redis_value::<String>(info).ok())
+                    .is_some_and(|info| info.contains("master_link_status:up"))
+            },
+            "in sync with its master",
+        );
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
     /// Starts it again on the same port, empty (a cluster node keeps its nodes.conf, so it
     /// rejoins its cluster).
     pub fn restart(&mut self) {
@@ -393,16 +431,7 @@ impl RedisSentinels {
         require("redis-sentinel", "redis-sentinel");
         let master = RedisServer::start();
         let replica = RedisServer::start();
-        replica.query(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);
-        replica.wait_for(
-            |replica| {
-                replica
-                    .try_query(&["INFO", "replication"])
-                    .and_then(|info| redis::from_redis_value::<String>(info).ok())
-                    .is_some_and(|info| info.contains("master_link_status:up"))
-            },
-            "in sync with its master",
-        );
+        replica.replicate(&master);
         let tmp = tempfile::tempdir().expect("temp dir");
         let mut watched = Self {
             master,

@@ -268,3 +268,93 @@ async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_
     }
     assert_eq!(off.http("GET", "/metrics", "").await.0, 200);
 }
+
+/// A store whose client is stuck while `stuck` is set (as `storage/redis/doctor.rs` reports
+/// it), and answers otherwise.
+struct StuckWhile {
+    stuck: std::sync::atomic::AtomicBool,
+}
+
+#[tonic::async_trait]
+impl tollgate::storage::CounterStore for StuckWhile {
+    async fn apply(
+        &self,
+        hits: &[tollgate::storage::Hit],
+    ) -> Result<Vec<tollgate::algorithm::Outcome>, tollgate::storage::StoreError> {
+        Ok(vec![tollgate::algorithm::Outcome::default(); hits.len()])
+    }
+
+    async fn ping(&self) -> Result<(), tollgate::storage::StoreError> {
+        if self.stuck.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(tollgate::storage::StoreError::Stuck(
+                "every call has failed for 61s".into(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl tollgate::storage::CounterReset for StuckWhile {
+    async fn forget(
+        &self,
+        _: &[tollgate::storage::Hit],
+    ) -> Result<(), tollgate::storage::StoreError> {
+        Ok(())
+    }
+}
+
+/// Polls `path` until it answers `status`, for up to 10 s.
+async fn answers(server: &TestServer, path: &str, status: u16) -> (u16, String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = server.http("GET", path, "").await;
+        if answer.0 == status || std::time::Instant::now() > deadline {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn liveness_fails_while_the_store_reports_its_client_stuck_and_only_then() {
+    let store = std::sync::Arc::new(StuckWhile {
+        stuck: std::sync::atomic::AtomicBool::new(false),
+    });
+    let server = start_with(
+        &[("dummy.yaml", CONFIG)],
+        Setup {
+            own_store: Some(tollgate::storage::Store::local(std::sync::Arc::clone(
+                &store,
+            ))),
+            options: Options {
+                probe_every: Duration::from_millis(50),
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        server.http("GET", "/healthz", "").await,
+        (200, "OK".to_owned())
+    );
+    store.stuck.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        answers(&server, "/healthz", 500).await,
+        (
+            500,
+            "store client stuck: every call has failed for 61s\n".to_owned()
+        )
+    );
+    assert_eq!(server.http("GET", "/readyz", "").await.0, 500);
+    store
+        .stuck
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(
+        answers(&server, "/healthz", 200).await,
+        (200, "OK".to_owned())
+    );
+    assert_eq!(answers(&server, "/readyz", 200).await.0, 200);
+}

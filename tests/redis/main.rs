@@ -29,6 +29,7 @@ mod grpc;
 #[path = "../scenarios/window_edges.rs"]
 mod window_edges;
 
+mod failover;
 mod layouts;
 mod overload;
 mod redis_cluster;
@@ -39,3 +40,4 @@ mod redis_refund;
 mod restart;
 mod rlqs_stream;
 mod runtime;
+mod slot_migrations;

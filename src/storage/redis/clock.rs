@@ -19,7 +19,7 @@ use std::sync::Weak;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::connection::Connection;
+use super::connection::{Connection, Current};
 use crate::clock::{Clock, Micros, MonotonicClock};
 use crate::storage::StoreError;
 
@@ -144,14 +144,17 @@ pub async fn sample(clock: &RedisClock, connection: &Connection) -> bool {
 
 /// Samples every `SAMPLE_EVERY` (sooner after a sample that could not be used) while the
 /// clock lives.
-pub fn keep_tracking(clock: Weak<RedisClock>, connection: Connection, mut used: bool) {
+pub fn keep_tracking(clock: Weak<RedisClock>, current: Current, mut used: bool) {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(if used { SAMPLE_EVERY } else { RETRY_EVERY }).await;
             let Some(clock) = clock.upgrade() else {
                 return;
             };
-            used = sample(&clock, &connection).await;
+            used = match current() {
+                Some(connection) => sample(&clock, &connection).await,
+                None => false,
+            };
         }
     });
 }

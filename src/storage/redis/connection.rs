@@ -8,7 +8,9 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, RedisError, RetryMethod, Script, ServerErrorKind, Value,
+};
 
 use super::call::{Call, Layout, Reply};
 use super::library::{self, Function};
@@ -22,6 +24,19 @@ use crate::storage::StoreError;
 pub struct Connection {
     link: Link,
     timeout: Duration,
+}
+
+/// A pool's connection of the moment, for the tasks that keep the slot map and the clock
+/// fresh: they follow the pool when it makes its connections again.
+pub type Current = Arc<dyn Fn() -> Option<Connection> + Send + Sync>;
+
+/// How long making a connection may take (`--redis-connect-timeout`, the reference's
+/// REDIS_TIMEOUT), and one call (`--store-timeout`): a connect that waits longer than a call
+/// would be a call that waits too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub call: Duration,
 }
 
 #[derive(Clone)]
@@ -166,13 +181,17 @@ pub async fn call_as(
     layout.decode(call, reply)
 }
 
-/// Classifies a Redis error once: no answer in time; not reachable or not ready (refused,
-/// dropped, a cluster down or reconfiguring, a replica loading: redis-rs would retry or
-/// reconnect, and so may we); or an answer that retrying does not change (a wrong password, a
-/// refused command, a failing script).
+/// Classifies a Redis error once: no answer in time; a replica's refusal to write (READONLY:
+/// the connection leads to a demoted master); not reachable or not ready (refused, dropped, a
+/// cluster down or reconfiguring, a replica loading: redis-rs would retry or reconnect, and so
+/// may we); or an answer that retrying does not change (a wrong password, a refused command,
+/// a failing script).
 pub fn store_error(error: RedisError, timeout: Duration) -> StoreError {
     if error.is_timeout() {
         return StoreError::Timeout(timeout);
+    }
+    if is_read_only(&error) {
+        return StoreError::ReadOnly(Box::new(error));
     }
     let lasting = error.kind() == ErrorKind::AuthenticationFailed
         || matches!(error.retry_method(), RetryMethod::NoRetry);
@@ -181,6 +200,13 @@ pub fn store_error(error: RedisError, timeout: Duration) -> StoreError {
     } else {
         StoreError::Unavailable(Box::new(error))
     }
+}
+
+/// A write refused by a replica: as an error reply, or raised inside a script (where Redis
+/// wraps it in the script's error).
+fn is_read_only(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+        || error.to_string().contains("READONLY")
 }
 
 /// Whether a cross-slot call failed because a counter is not served by the node it went to.
@@ -193,23 +219,26 @@ fn is_off_node(error: &RedisError) -> bool {
 /// reads every call, which caps throughput before Redis does (docs/performance.md).
 pub async fn connect_all(
     spec: &RedisSpec,
-    timeout: Duration,
+    timeouts: Timeouts,
     count: usize,
 ) -> Result<Box<[Connection]>, StoreError> {
     let mut connections = Vec::with_capacity(count);
     for _ in 0..count {
-        connections.push(connect(spec, timeout).await?);
+        connections.push(connect(spec, timeouts).await?);
     }
     Ok(connections.into_boxed_slice())
 }
 
 /// Connects and loads the counter code: the function library, or where functions cannot
 /// run, the scripts.
-pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, StoreError> {
-    let link = open(spec, timeout)
+pub async fn connect(spec: &RedisSpec, timeouts: Timeouts) -> Result<Connection, StoreError> {
+    let link = open(spec, timeouts)
         .await
-        .map_err(|error| store_error(error, timeout))?;
-    let connection = Connection { link, timeout };
+        .map_err(|error| store_error(error, timeouts.connect))?;
+    let connection = Connection {
+        link,
+        timeout: timeouts.call,
+    };
     if library::functions_usable() {
         match connection.load_library().await {
             Err(error) if library::gives_up_functions(&error) => {}
@@ -227,9 +256,12 @@ pub async fn connect(spec: &RedisSpec, timeout: Duration) -> Result<Connection, 
     Ok(connection)
 }
 
-async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
+async fn open(spec: &RedisSpec, timeouts: Timeouts) -> Result<Link, RedisError> {
     let infos = spec.connection_infos()?;
-    let connect_timeout = timeout.max(Duration::from_millis(500));
+    let Timeouts {
+        connect: connect_timeout,
+        call: timeout,
+    } = timeouts;
     if spec.cluster {
         // redis-rs's defaults retry for minutes; a rate limit decision has milliseconds.
         let mut builder = ClusterClient::builder(infos);
@@ -253,7 +285,7 @@ async fn open(spec: &RedisSpec, timeout: Duration) -> Result<Link, RedisError> {
         .set_max_delay(Duration::from_millis(10));
     if spec.sentinel.is_some() {
         return Ok(Link::Sentinel(
-            SentinelLink::open(spec, config, timeout).await?,
+            SentinelLink::open(spec, config, connect_timeout).await?,
         ));
     }
     let Some(info) = infos.into_iter().next() else {

@@ -103,13 +103,18 @@ impl RedisStore {
                 node: None,
             }]
         };
-        self.gather(connection, hits, groups, now, false).await
+        let part = self.gather(&connection, hits, groups, now, false).await;
+        match &part.failure {
+            Some(error) => self.treat(error),
+            None => self.doctor.succeeded(),
+        }
+        part
     }
 
     /// Sends `refunds` of a part (see `apply_part`).
     pub async fn give_back_part(&self, refunds: Vec<Refund>, outcomes: &mut [Outcome]) {
         match self.pool.connection() {
-            Ok(connection) => self.give_back(connection, refunds, outcomes).await,
+            Ok(connection) => self.give_back(&connection, refunds, outcomes).await,
             Err(error) => {
                 tracing::warn!(%error, "refund of a vetoed request failed; its counters under-admit until they reset")
             }

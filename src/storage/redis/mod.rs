@@ -12,6 +12,8 @@
 //! - `transport.rs`: how a call travels (FCALL of the function library, `library.rs` and its
 //!   `lua/`; scripts where functions cannot run);
 //! - `clock.rs`: Redis's clock as this replica tracks it, the instant every call decides at;
+//! - `doctor.rs`: what failing calls say about the connections (readiness, a rebuild of the
+//!   pool, liveness);
 //! - `per_second.rs` (a second store for per-second limits) and `demand.rs` (RLQS demand
 //!   shared by replicas), beside the request path.
 
@@ -19,6 +21,7 @@ pub mod call;
 mod clock;
 pub mod connection;
 mod demand;
+mod doctor;
 mod fanout;
 pub mod library;
 pub mod per_second;
@@ -29,9 +32,12 @@ mod transport;
 pub mod url;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use call::{Call, Op};
 use clock::RedisClock;
+use connection::Timeouts;
+use doctor::{Doctor, Treatment};
 use pool::{Pool, Tracked};
 use slots::Topology;
 pub use url::{RedisCertificates, RedisSpec, SpecError};
@@ -44,7 +50,8 @@ use crate::storage::{
 };
 
 pub struct RedisStore {
-    pool: Pool,
+    pool: Arc<Pool>,
+    doctor: Doctor,
     options: StoreOptions,
     topology: Arc<Topology>,
     /// The instant of each call: Redis's clock as this replica tracks it (`clock.rs`).
@@ -65,15 +72,21 @@ impl RedisStore {
             slot_map_refresh: options.slot_map_refresh,
             clock: Arc::downgrade(&clock),
         };
+        let timeouts = Timeouts {
+            connect: options.connect_timeout,
+            call: options.timeout,
+        };
         let pool = Pool::start(
             spec,
-            options.timeout,
+            timeouts,
             options.redis_connections,
             options.runtimes,
             tracked,
         );
+        let stuck_after = Some(options.stuck_after).filter(|after| !after.is_zero());
         Arc::new(Self {
             pool,
+            doctor: Doctor::new(options.reconnect_on_readonly, stuck_after),
             options,
             topology,
             clock,
@@ -100,6 +113,36 @@ impl RedisStore {
         }
     }
 
+    /// Learns from a failed call (see `doctor.rs`): makes the connections again (and, on a
+    /// cluster, reads the slot map again through them) when the failures call for it.
+    fn treat(&self, error: &StoreError) {
+        if self.doctor.failed(error, Instant::now()) == Treatment::Rebuild {
+            let why = match error {
+                StoreError::ReadOnly(_) => "Redis answered READONLY (a replica)",
+                _ => "every call failed for the last seconds",
+            };
+            if self.pool.rebuild(why) {
+                self.topology.report_stale();
+            }
+        }
+    }
+
+    /// A write that a replica refuses, so that readiness sees what calls see: DEL of a key of
+    /// its own (`<prefix>tollgate_probe`, never set), which leaves nothing behind.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let command = self.probe_command();
+        self.pool
+            .connection()?
+            .query::<i64>(&command)
+            .await
+            .map(drop)
+    }
+
+    fn probe_command(&self) -> redis::Cmd {
+        let key = format!("{}tollgate_probe", self.options.key_prefix);
+        redis::cmd("DEL").arg(key).to_owned()
+    }
+
     fn call<'a>(
         &'a self,
         op: Op<'a>,
@@ -122,13 +165,35 @@ impl RedisStore {
 #[tonic::async_trait]
 impl CounterStore for RedisStore {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        self.apply_remote(self.pool.connection()?, hits).await
+        let connection = self.pool.connection()?;
+        let result = self.apply_remote(&connection, hits).await;
+        match &result {
+            Ok(_) => self.doctor.succeeded(),
+            Err(error) => self.treat(error),
+        }
+        result
     }
 
-    /// Ready when Redis answers and its clock is known (no decision can be made before).
+    /// Ready when Redis takes a write, its clock is known (no decision can be made before)
+    /// and calls are not failing; stuck (liveness fails) as `doctor.rs` says.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.pool.connection()?.ping().await?;
-        self.now().map(drop)
+        if self.doctor.look_due(Instant::now()) {
+            let fresh_works = self.pool.fresh_look(&self.probe_command()).await;
+            self.doctor.looked(Instant::now(), fresh_works);
+        }
+        self.doctor.check_stuck(Instant::now())?;
+        if let Err(error) = self.probe().await {
+            self.treat(&error);
+            return Err(error);
+        }
+        self.now()?;
+        match self.doctor.calls_failing(Instant::now()) {
+            Some(length) => Err(StoreError::unavailable(format!(
+                "every call has failed for the last {} ms",
+                length.as_millis()
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -139,6 +204,7 @@ impl CounterReset for RedisStore {
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.pool.connection()?;
         let now = self.now()?;
+        let connection = &connection;
         let deletes = hits.iter().map(|hit| {
             let call = self.call(Op::Apply { now }, std::slice::from_ref(hit), None, true);
             let command = redis::cmd("DEL").arg(call.key(hit)).to_owned();
@@ -159,7 +225,8 @@ impl CounterReset for RedisStore {
 impl DemandShare for RedisStore {
     /// Within the store timeout.
     async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Vec<Demand>, StoreError> {
-        let shared = demand::share(self.pool.connection()?, &self.options.key_prefix, post);
+        let connection = self.pool.connection()?;
+        let shared = demand::share(&connection, &self.options.key_prefix, post);
         tokio::time::timeout(self.options.timeout, shared)
             .await
             .map_err(|_| StoreError::Timeout(self.options.timeout))?

@@ -21,7 +21,8 @@ pub struct SentinelLink {
     master: ArcSwap<Master>,
     asking: AtomicBool,
     config: ConnectionManagerConfig,
-    timeout: Duration,
+    /// How long the sentinels may take to name the master.
+    connect_timeout: Duration,
 }
 
 struct Master {
@@ -37,7 +38,7 @@ impl SentinelLink {
     pub async fn open(
         spec: &RedisSpec,
         config: ConnectionManagerConfig,
-        timeout: Duration,
+        connect_timeout: Duration,
     ) -> Result<Arc<Self>, RedisError> {
         let Some(sentinel) = &spec.sentinel else {
             return Err(RedisError::from((
@@ -58,13 +59,13 @@ impl SentinelLink {
             Some(node),
             SentinelServerType::Master,
         )?;
-        let master = connect_master(&mut client, &config, timeout).await?;
+        let master = connect_master(&mut client, &config, connect_timeout).await?;
         Ok(Arc::new(Self {
             sentinels: tokio::sync::Mutex::new(client),
             master: ArcSwap::from_pointee(master),
             asking: AtomicBool::new(false),
             config,
-            timeout,
+            connect_timeout,
         }))
     }
 
@@ -89,22 +90,18 @@ impl SentinelLink {
 
     async fn ask(&self) {
         let mut sentinels = self.sentinels.lock().await;
-        let client = match tokio::time::timeout(
-            self.timeout.max(Duration::from_millis(500)),
-            sentinels.async_get_client(),
-        )
-        .await
-        {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "the sentinels name no reachable master yet");
-                return;
-            }
-            Err(_) => {
-                tracing::warn!("the sentinels did not answer in time");
-                return;
-            }
-        };
+        let client =
+            match tokio::time::timeout(self.connect_timeout, sentinels.async_get_client()).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "the sentinels name no reachable master yet");
+                    return;
+                }
+                Err(_) => {
+                    tracing::warn!("the sentinels did not answer in time");
+                    return;
+                }
+            };
         let address = client.get_connection_info().addr().to_string();
         if address == self.master.load().address {
             return;
@@ -130,14 +127,11 @@ impl SentinelLink {
 async fn connect_master(
     sentinels: &mut SentinelClient,
     config: &ConnectionManagerConfig,
-    timeout: Duration,
+    connect_timeout: Duration,
 ) -> Result<Master, RedisError> {
-    let client = tokio::time::timeout(
-        timeout.max(Duration::from_millis(500)),
-        sentinels.async_get_client(),
-    )
-    .await
-    .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
+    let client = tokio::time::timeout(connect_timeout, sentinels.async_get_client())
+        .await
+        .map_err(|_| RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut)))??;
     let address = client.get_connection_info().addr().to_string();
     let connection = client
         .get_connection_manager_with_config(config.clone())

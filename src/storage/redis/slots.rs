@@ -15,7 +15,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use redis::Value;
 
-use super::connection::Connection;
+use super::connection::{Connection, Current};
 use super::library;
 use crate::storage::{Hit, StoreError};
 
@@ -261,7 +261,7 @@ impl Topology {
 
     /// Keeps the map fresh while the store lives (the task holds the topology only while it
     /// reads the map).
-    pub fn keep_fresh(topology: Weak<Self>, connection: Connection, period: Duration) {
+    pub fn keep_fresh(topology: Weak<Self>, current: Current, period: Duration) {
         let Some(stale) = topology
             .upgrade()
             .map(|topology| Arc::clone(&topology.stale))
@@ -281,7 +281,9 @@ impl Topology {
                 if topology.cross_slot.load(Ordering::Acquire) == REFUSED {
                     return;
                 }
-                topology.refresh(&connection).await;
+                if let Some(connection) = current() {
+                    topology.refresh(&connection).await;
+                }
             }
         });
     }

@@ -73,8 +73,17 @@ where
     Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
-/// Runs serde over the YAML, keeping the path of a failure.
+/// Runs serde over the YAML, keeping the path of a failure. Empty documents around the one
+/// that holds the domain (a templated ConfigMap's trailing `---`) are left out.
 pub(super) fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigError> {
+    let only = match only_document(text) {
+        Ok(only) => only,
+        Err(second) => {
+            let reason = "more than one YAML document; a config file holds exactly one domain";
+            return Err(ConfigError::at(file, second, String::new(), reason));
+        }
+    };
+    let text = only.as_deref().unwrap_or(text);
     let mut track = serde_path_to_error::Track::new();
     let result = serde_saphyr::with_deserializer_from_str(text, |de| {
         RawFile::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
@@ -103,6 +112,56 @@ pub(super) fn deserialize(file: &Path, text: &str) -> Result<RawFile, ConfigErro
             reason,
         }
     })
+}
+
+/// The text with every document but the one that has content blanked out (lines kept, so
+/// that errors point at the right line), when the file has more than one document and only
+/// one has content; `Ok(None)` when it has one document; `Err(line)`, the first line of the
+/// second document with content, when there is one. A document marker (`---`, `...`) starts
+/// a line: inside a value it would be indented.
+fn only_document(text: &str) -> Result<Option<String>, u64> {
+    let is_marker = |line: &str| {
+        ["---", "..."].iter().any(|marker| {
+            line.strip_prefix(marker)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '#']))
+        })
+    };
+    let has_content = |line: &str| {
+        let line = line.trim_start();
+        !line.is_empty() && !line.starts_with('#')
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut documents: Vec<(usize, usize)> = Vec::new();
+    let mut start = 0;
+    for (index, line) in lines.iter().enumerate() {
+        // `--- {domain: a}`: content on the marker's line; left to the parser.
+        if is_marker(line) && has_content(line[3..].trim_start()) {
+            return Ok(None);
+        }
+        if is_marker(line) {
+            documents.push((start, index));
+            start = index + 1;
+        }
+    }
+    documents.push((start, lines.len()));
+    if documents.len() < 2 {
+        return Ok(None);
+    }
+    let first_content =
+        |&(from, to): &(usize, usize)| (from..to).find(|&index| has_content(lines[index]));
+    let mut full = documents.iter().filter(|document| first_content(document).is_some());
+    let (from, to) = match (full.next(), full.next()) {
+        (Some(&only), None) => only,
+        (None, _) => (0, 0),
+        (Some(_), Some(second)) => {
+            let line = first_content(second).unwrap_or(second.0);
+            return Err(u64::try_from(line + 1).unwrap_or(u64::MAX));
+        }
+    };
+    let kept: Vec<&str> = (0..lines.len())
+        .map(|index| if (from..to).contains(&index) { lines[index] } else { "" })
+        .collect();
+    Ok(Some(kept.join("\n")))
 }
 
 /// The `{` or `[` still open where the parser failed (at line `until`), outside quotes and
@@ -196,6 +255,16 @@ fn yaml_reason(error: &serde_saphyr::Error) -> String {
         "invalid boolean" => "expected true or false".to_owned(),
         "expected string scalar" => {
             "expected a single value (text), got a list or a map".to_owned()
+        }
+        "expected mapping start" => {
+            "expected a map (`name: value` lines, or `{name: value}`), got a single value or a list"
+                .to_owned()
+        }
+        "expected sequence start" => {
+            "expected a list (`- ` items, or `[…]`), got a single value or a map".to_owned()
+        }
+        null if null.starts_with("cannot deserialize null") => {
+            "expected a value, got nothing".to_owned()
         }
         other => other.to_owned(),
     }

@@ -47,6 +47,10 @@ config_error! {
     negative_requests_per_unit => "api.yaml:4: descriptors[0].rate_limit.requests_per_unit: expected a whole number from 0 to 4294967295";
     wrong_type => "api.yaml:4: descriptors[0].shadow_mode: expected true or false";
     multiple_documents => "api.yaml:3: more than one YAML document; a config file holds exactly one domain";
+    second_document => "api.yaml:5: more than one YAML document; a config file holds exactly one domain";
+    null_key => "api.yaml:3: descriptors[0].key: expected a value, got nothing";
+    not_a_map => "api.yaml:4: descriptors[0].rate_limit: expected a map (`name: value` lines, or `{name: value}`), got a single value or a list";
+    not_a_list => "api.yaml:2: descriptors: expected a list (`- ` items, or `[…]`), got a single value or a map";
     one_bad_file_rejects_all => "bad.yaml:4: domain \"bad\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: missing; write 0 to deny every request";
     unknown_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra, got \"leaky_bucket\"";
     parameter_of_another_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: only applies to token_bucket and gcra, not fixed_window";
@@ -207,4 +211,25 @@ fn files_of_one_domain_merge_when_asked_and_a_repeated_descriptor_is_still_an_er
         repeated.contains("c.yaml:1: domain \"api\": descriptor user is also in"),
         "{repeated}"
     );
+}
+
+#[test]
+fn empty_documents_around_the_domain_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = [
+        ("trailing.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n---\n"),
+        ("leading.yaml", "---\n# generated\ndomain: b\n...\n"),
+        ("both.yaml", "--- # first\n---\ndomain: c\n---\n\n"),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let rules = tollgate::config::load_dir(dir.path()).unwrap();
+    let mut domains: Vec<&str> = rules.domains().iter().map(|d| d.name.as_str()).collect();
+    domains.sort_unstable();
+    assert_eq!(domains, ["a", "b", "c"]);
+    // Line numbers still point into the file as written.
+    std::fs::write(dir.path().join("both.yaml"), "---\n---\ndomain: c\nbogus: 1\n---\n").unwrap();
+    let error = tollgate::config::load_dir(dir.path()).unwrap_err().to_string();
+    assert!(error.ends_with("both.yaml:4: bogus: unknown field `bogus`, expected one of domain, descriptors"), "{error}");
 }

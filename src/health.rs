@@ -44,10 +44,10 @@ pub struct Health {
     store_up: Gauge,
     /// `tollgate_ready`.
     ready: Gauge,
-    /// `--ready-needs-rules`: the rules in force, which must name a domain for readiness.
+    /// The rules in force, which must have been loaded for readiness.
     rules: Option<Arc<ArcSwap<RuleSet>>>,
-    /// Rules from a control plane: set once the first set is applied.
-    first_config: Option<Arc<AtomicBool>>,
+    /// `--ready-needs-rules`: they must name a domain, too.
+    needs_domain: bool,
     /// The readiness last published.
     published: Arc<AtomicBool>,
 }
@@ -68,23 +68,22 @@ impl Health {
             store_up,
             ready,
             rules: None,
-            first_config: None,
+            needs_domain: false,
             published: Arc::new(AtomicBool::new(false)),
         };
         health.publish().await;
         health
     }
 
-    /// Ready only while `rules` name at least one domain (checked at every probe).
-    pub async fn requiring_rules(mut self, rules: Arc<ArcSwap<RuleSet>>) -> Self {
+    /// Ready only while `rules` have been loaded (`RuleSet::not_loaded` is not) and, if
+    /// `needs_domain`, name at least one domain; checked at every probe.
+    pub async fn requiring_rules(
+        mut self,
+        rules: Arc<ArcSwap<RuleSet>>,
+        needs_domain: bool,
+    ) -> Self {
         self.rules = Some(rules);
-        self.publish().await;
-        self
-    }
-
-    /// Ready only once `first_config` is set (checked at every probe).
-    pub async fn requiring_first_config(mut self, first_config: Arc<AtomicBool>) -> Self {
-        self.first_config = Some(first_config);
+        self.needs_domain = needs_domain;
         self.publish().await;
         self
     }
@@ -92,18 +91,15 @@ impl Health {
     pub fn is_ready(&self) -> bool {
         (self.is_store_ok() || !self.store_gates_readiness)
             && self.has_rules()
-            && self
-                .first_config
-                .as_ref()
-                .is_none_or(|loaded| loaded.load(Ordering::SeqCst))
             && !self.shutting_down.load(Ordering::SeqCst)
     }
 
     /// Whether the rules satisfy readiness (always, unless `requiring_rules`).
     fn has_rules(&self) -> bool {
-        self.rules
-            .as_ref()
-            .is_none_or(|rules| !rules.load().domains().is_empty())
+        self.rules.as_ref().is_none_or(|rules| {
+            let rules = rules.load();
+            rules.is_loaded() && !(self.needs_domain && rules.domains().is_empty())
+        })
     }
 
     /// Whether the store answered the latest probe.
@@ -160,8 +156,14 @@ impl Health {
         let ready = self.is_ready();
         self.published.store(ready, Ordering::SeqCst);
         self.ready.set(i64::from(ready));
-        if !self.has_rules() {
-            tracing::warn!("the rules name no domain; not ready (--ready-needs-rules)");
+        match &self.rules {
+            Some(rules) if !rules.load().is_loaded() => {
+                tracing::warn!("no rate limit configuration loaded; not ready");
+            }
+            Some(_) if !self.has_rules() => {
+                tracing::warn!("the rules name no domain; not ready (--ready-needs-rules)");
+            }
+            _ => {}
         }
         let status = if ready {
             ServingStatus::Serving

@@ -18,7 +18,8 @@
 //! # Modules, by layer (each imports only from its own layer or lower ones)
 //!
 //! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes;
-//!   `reference_env/reader.rs` reads them, `reference_env/xds_vars.rs` those of the xDS source;
+//!   `reference_env/reader.rs` reads them, `reference_env/redis_vars.rs` those of Redis,
+//!   `reference_env/xds_vars.rs` those of the xDS source;
 //!   `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
 //! - `cli` (`cli/serve.rs`: `serve`'s flags, each part's options struct flattened,
@@ -43,8 +44,8 @@
 //!   the gRPC stream).
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
 //!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
-//!   `statsd`: the metrics sent to statsd under the reference's stat names; `xds`: rules pushed
-//!   by a control plane (`config/xds.rs` reads the resources).
+//!   `statsd`: the metrics sent to statsd (TCP or UDP) under the reference's stat names;
+//!   `xds`: rules pushed by a control plane (`config/xds.rs` reads the resources).
 //! - `limiter`: the decision, free of transport types (`limiter/stats.rs` counts it in the
 //!   per-limit metrics); `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
@@ -77,7 +78,8 @@
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
 //!   value; `pb`: generated protobuf code; `metrics`: every metric, one small struct per part
 //!   (`metrics/limits.rs` the per-limit counters on `metrics/counters.rs`, `metrics/service.rs`,
-//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS);
+//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS;
+//!   `metrics/reference.rs` the reference's stat names and Prometheus series read off them);
 //!   `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
 //!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS; `options`: the
 //!   parts' options structs' defaults.

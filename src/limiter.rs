@@ -81,6 +81,16 @@ pub struct RateLimiter {
     metrics: Arc<Metrics>,
 }
 
+/// Why a request was not decided.
+#[derive(Debug, thiserror::Error)]
+pub enum Undecided {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No rules were ever loaded (`RuleSet::not_loaded`); the reference's words.
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
+}
+
 /// Per request, one item per descriptor (or per counter, for hits), held inline for the
 /// common request of one descriptor with one limit: deciding it allocates only its key.
 type PerDescriptor<T> = SmallVec<[T; 1]>;
@@ -151,14 +161,17 @@ impl RateLimiter {
         Ok(hits.len())
     }
 
-    pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, StoreError> {
+    pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, Undecided> {
         let span = crate::request_span!("decide", descriptors = request.descriptors.len());
         self.count(request).instrument(span).await
     }
 
     /// Resolves every descriptor, counts their hits in one store call, and answers.
-    async fn count(&self, request: &Request) -> Result<Decision, StoreError> {
+    async fn count(&self, request: &Request) -> Result<Decision, Undecided> {
         let rules = self.rules.load_full();
+        if !rules.is_loaded() {
+            return Err(Undecided::NoConfig);
+        }
         let matches = match_descriptors(&rules, request);
         let replaced = replaced_names(&matches);
         let mut hits = PerDescriptor::new();
@@ -187,11 +200,11 @@ impl RateLimiter {
                     .inc();
             })?;
             if outcomes.len() != hits.len() {
-                return Err(StoreError::MalformedReply(format!(
+                return Err(Undecided::Store(StoreError::MalformedReply(format!(
                     "{} outcomes for {} counters",
                     outcomes.len(),
                     hits.len()
-                )));
+                ))));
             }
             outcomes
         };

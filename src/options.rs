@@ -48,3 +48,53 @@ pub fn positive_duration(text: &str) -> Result<std::time::Duration, String> {
         Err(error) => Err(error.to_string()),
     }
 }
+
+/// A listen address: `HOST:PORT` (an IP or a name of this host, such as `localhost`),
+/// `[IPv6]:PORT`, or `:PORT` for every address of the host (IPv6 and IPv4 where the host
+/// has IPv6, else IPv4; `[::]:PORT` says the same).
+pub fn listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{Ipv6Addr, SocketAddr, ToSocketAddrs};
+    if let Some(port) = text.strip_prefix(':') {
+        let port: u16 = port
+            .parse()
+            .map_err(|_| format!("{port:?} is not a port"))?;
+        return Ok(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)));
+    }
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err(format!("{text:?} is not HOST:PORT or :PORT"));
+    };
+    port.parse::<u16>()
+        .map_err(|_| format!("{port:?} is not a port"))?;
+    text.to_socket_addrs()
+        .ok()
+        .and_then(|mut found| found.next())
+        .ok_or_else(|| format!("{host:?} is not an address or a name of this host"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_address_takes_a_name_a_bare_port_or_an_ip() {
+        assert_eq!(listen_addr(":8081").unwrap().to_string(), "[::]:8081");
+        assert_eq!(
+            listen_addr("0.0.0.0:8081").unwrap().to_string(),
+            "0.0.0.0:8081"
+        );
+        assert_eq!(listen_addr("[::1]:9").unwrap().to_string(), "[::1]:9");
+        assert!(listen_addr("localhost:8081").unwrap().ip().is_loopback());
+        assert_eq!(listen_addr(":http").unwrap_err(), "\"http\" is not a port");
+        assert_eq!(
+            listen_addr("8081").unwrap_err(),
+            "\"8081\" is not HOST:PORT or :PORT"
+        );
+        assert_eq!(
+            listen_addr("no-such-host.invalid:1").unwrap_err(),
+            "\"no-such-host.invalid\" is not an address or a name of this host"
+        );
+    }
+}

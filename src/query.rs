@@ -114,7 +114,11 @@ pub enum ResetError {
 
 /// `tollgate reset`: `POST /reset` on the admin listener at `admin` (`host:port`), with the
 /// request as `/json` takes it; the server's answer.
-pub async fn reset(admin: &str, request: &pb::RateLimitRequest) -> Result<String, ResetError> {
+pub async fn reset(
+    admin: &str,
+    token: Option<&str>,
+    request: &pb::RateLimitRequest,
+) -> Result<String, ResetError> {
     use hyper::body::Body as _;
     let failed = |reason: String| ResetError::Connect {
         addr: admin.to_owned(),
@@ -129,9 +133,13 @@ pub async fn reset(admin: &str, request: &pb::RateLimitRequest) -> Result<String
             .await
             .map_err(|error| failed(crate::client::causes(&error)))?;
     tokio::spawn(connection);
-    let call = hyper::Request::post("/reset")
+    let mut call = hyper::Request::post("/reset")
         .header("host", host)
-        .header("content-type", "application/json")
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        call = call.header("authorization", format!("Bearer {token}"));
+    }
+    let call = call
         .body(axum::body::Body::from(crate::admin::json::encode_request(
             request,
         )))

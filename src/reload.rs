@@ -83,6 +83,12 @@ pub struct RulesOptions {
     /// reference's HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED).
     #[arg(long, env = "TOLLGATE_READY_NEEDS_RULES", value_parser = clap::builder::BoolishValueParser::new())]
     pub ready_needs_rules: bool,
+
+    /// When the rule files do not load at start, keep running, not ready, answering every
+    /// call UNKNOWN "no rate limit configuration loaded", until a reload loads them (as the
+    /// reference does; on in its environment). Off, serve exits with the errors.
+    #[arg(long, env = "TOLLGATE_WAIT_FOR_VALID_CONFIG", value_parser = clap::builder::BoolishValueParser::new())]
+    pub wait_for_valid_config: bool,
 }
 
 impl RulesOptions {

@@ -1,34 +1,28 @@
 //! statsd, for dashboards built on envoyproxy/ratelimit's stat names (`--statsd HOST:PORT`).
 //! Nothing is counted twice: every `--statsd-flush-interval` the counters behind `/metrics`
-//! are read, and what each gained since the previous flush is sent over UDP as a statsd
-//! counter under the reference's name:
+//! are read, and what each gained since the previous flush is sent as a statsd counter
+//! (`name:N|c`) under the reference's name (`metrics/reference.rs`); a counter that gained
+//! nothing is not sent, as the reference's stats store skips it.
 //!
-//! | tollgate metric | statsd counter |
-//! |---|---|
-//! | `tollgate_total_hits_total{limit="PATH"}` (and `over_limit`, `near_limit`, `within_limit`, `shadow_mode`) | `ratelimit.service.rate_limit.PATH.total_hits` (…) |
-//! | `tollgate_requests_total` (every code) | `ratelimit_server.ShouldRateLimit.total_requests` |
-//! | `tollgate_config_reloads_total{result="success"}`, plus the load at start | `ratelimit.service.config_load_success` |
-//! | `tollgate_config_reloads_total{result="error"}` | `ratelimit.service.config_load_error` |
-//! | `tollgate_store_errors_total` (every kind) | `ratelimit.service.call.should_rate_limit.redis_error` |
-//!
-//! `--statsd-tag KEY=VALUE` adds tags in the DogStatsD form (`|#key:value`), which
-//! statsd_exporter and Datadog read.
+//! Over TCP (the reference's plain statsd sink) or UDP (its DogStatsD sink); tags
+//! (`--statsd-tag`) written as the reference writes them: into the name as `.__key=value`
+//! (lyft/gostats, its plain statsd) or after the value as `|#key:value` (DogStatsD).
 
 use std::collections::HashMap;
-use std::net::UdpSocket;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cadence::{BufferedUdpMetricSink, Counted, StatsdClient};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, reference};
 
-/// Where and how often stats go: flags of `tollgate serve`.
+/// Where and how stats go: flags of `tollgate serve`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Metrics")]
 pub struct StatsdOptions {
-    /// Also send the metrics to this statsd server (`host:port`, UDP) under the reference's
-    /// stat names (`ratelimit.service.rate_limit.…`; docs/migrating.md).
+    /// Also send the metrics to this statsd server (`host:port`) under the reference's stat
+    /// names (`ratelimit.service.rate_limit.…`; docs/migrating.md).
     #[arg(long = "statsd", env = "TOLLGATE_STATSD")]
     pub address: Option<String>,
 
@@ -36,16 +30,41 @@ pub struct StatsdOptions {
     #[arg(long = "statsd-flush-interval", env = "TOLLGATE_STATSD_FLUSH_INTERVAL", default_value = "10s", value_parser = crate::clock::positive_duration)]
     pub every: Duration,
 
-    /// A tag on every stat sent to --statsd, as `key=value` (DogStatsD form); repeat for
-    /// more (in the environment, separate them with `,`).
+    /// A tag on every stat sent to --statsd, as `key=value`; repeat for more (in the
+    /// environment, separate them with `,`).
     #[arg(long = "statsd-tag", env = "TOLLGATE_STATSD_TAGS", value_delimiter = ',', value_parser = crate::options::key_value)]
     pub tags: Vec<(String, String)>,
+
+    /// The transport to --statsd.
+    #[arg(long = "statsd-protocol", env = "TOLLGATE_STATSD_PROTOCOL", value_enum, default_value_t = Protocol::Udp)]
+    pub protocol: Protocol,
+
+    /// How tags are written.
+    #[arg(long = "statsd-tag-style", env = "TOLLGATE_STATSD_TAG_STYLE", value_enum, default_value_t = TagStyle::Dogstatsd)]
+    pub tag_style: TagStyle,
 }
 
 impl Default for StatsdOptions {
     fn default() -> Self {
         crate::options::defaults()
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    /// Datagrams: nothing fails when nobody listens.
+    Udp,
+    /// One connection, made again when it breaks (the reference's plain statsd sink).
+    Tcp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TagStyle {
+    /// `name:N|c|#key:value,…` (DogStatsD; statsd_exporter and Datadog read it).
+    Dogstatsd,
+    /// `name.__key=value…:N|c`, the tags in the name sorted by key (lyft/gostats, the
+    /// reference's plain statsd).
+    Name,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,8 +74,15 @@ pub struct StatsdError {
     reason: String,
 }
 
+/// The longest wait to connect or to write one flush over TCP: a listener that stalls must
+/// not hold the flushes back.
+const TCP_WAIT: Duration = Duration::from_secs(1);
+
+/// Datagrams stay under a typical MTU, so that none is fragmented.
+const MAX_DATAGRAM: usize = 1432;
+
 /// Starts flushing `metrics` to statsd, if an address is given; stops when the task is aborted.
-pub fn spawn(
+pub async fn spawn(
     metrics: Arc<Metrics>,
     options: StatsdOptions,
 ) -> Result<Option<tokio::task::JoinHandle<()>>, StatsdError> {
@@ -67,29 +93,113 @@ pub fn spawn(
         address: address.clone(),
         reason,
     };
-    let socket = UdpSocket::bind(("0.0.0.0", 0)).map_err(|e| error(e.to_string()))?;
-    socket
-        .set_nonblocking(true)
-        .map_err(|e| error(e.to_string()))?;
-    let sink =
-        BufferedUdpMetricSink::from(address.as_str(), socket).map_err(|e| error(e.to_string()))?;
-    let mut builder = StatsdClient::builder("", sink).with_error_handler(|error| {
-        tracing::debug!(%error, "statsd send failed");
-    });
-    for (key, value) in &options.tags {
-        builder = builder.with_tag(key.as_str(), value.as_str());
-    }
-    let client = builder.build();
-    tracing::info!(statsd = %address, every = ?options.every, "sending stats");
+    let mut transport = match options.protocol {
+        Protocol::Udp => {
+            let target = tokio::net::lookup_host(address.as_str())
+                .await
+                .map_err(|e| error(e.to_string()))?
+                .next()
+                .ok_or_else(|| error("the name resolves to no address".into()))?;
+            let local = if target.is_ipv4() {
+                "0.0.0.0:0"
+            } else {
+                "[::]:0"
+            };
+            let socket = UdpSocket::bind(local)
+                .await
+                .map_err(|e| error(e.to_string()))?;
+            socket
+                .connect(target)
+                .await
+                .map_err(|e| error(e.to_string()))?;
+            Transport::Udp(socket)
+        }
+        Protocol::Tcp => Transport::Tcp {
+            address: address.clone(),
+            stream: None,
+        },
+    };
+    tracing::info!(statsd = %address, protocol = ?options.protocol, every = ?options.every, "sending stats");
     Ok(Some(tokio::spawn(async move {
         let mut sent = Sent::default();
         let mut ticks = tokio::time::interval(options.every);
         ticks.tick().await;
         loop {
             ticks.tick().await;
-            sent.flush(&client, &metrics.render());
+            let payload = sent.lines(&metrics.render(), &options);
+            if !payload.is_empty() {
+                transport.send(&payload).await;
+            }
         }
     })))
+}
+
+enum Transport {
+    Udp(UdpSocket),
+    Tcp {
+        address: String,
+        stream: Option<TcpStream>,
+    },
+}
+
+impl Transport {
+    /// Sends `payload` (whole lines); what cannot be sent is dropped, as the reference drops
+    /// it, and the next flush tries again with a new connection.
+    async fn send(&mut self, payload: &str) {
+        match self {
+            Transport::Udp(socket) => {
+                for datagram in datagrams(payload) {
+                    if let Err(error) = socket.send(datagram.as_bytes()).await {
+                        tracing::debug!(%error, "statsd send failed");
+                    }
+                }
+            }
+            Transport::Tcp { address, stream } => {
+                if stream.is_none() {
+                    match tokio::time::timeout(TCP_WAIT, TcpStream::connect(address.as_str())).await
+                    {
+                        Ok(Ok(connected)) => *stream = Some(connected),
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "statsd connect failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("statsd connect timed out");
+                            return;
+                        }
+                    }
+                }
+                let Some(connection) = stream.as_mut() else {
+                    return;
+                };
+                let written =
+                    tokio::time::timeout(TCP_WAIT, connection.write_all(payload.as_bytes())).await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::debug!("statsd write failed: the connection is made again");
+                    *stream = None;
+                }
+            }
+        }
+    }
+}
+
+/// `payload` cut at line ends into datagrams of at most MAX_DATAGRAM bytes (a longer line
+/// goes alone).
+fn datagrams(payload: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut end = 0;
+    for line in payload.split_inclusive('\n') {
+        if end > start && end - start + line.len() > MAX_DATAGRAM {
+            out.push(&payload[start..end]);
+            start = end;
+        }
+        end += line.len();
+    }
+    if end > start {
+        out.push(&payload[start..end]);
+    }
+    out
 }
 
 /// The totals sent so far, by statsd name.
@@ -98,117 +208,45 @@ struct Sent {
     totals: HashMap<String, u64>,
 }
 
-const CONFIG_LOAD_SUCCESS: &str = "ratelimit.service.config_load_success";
-
 impl Sent {
-    /// Sends what each counter gained since the last flush.
-    fn flush(&mut self, client: &StatsdClient, exposition: &str) {
-        let mut totals = stat_totals(exposition);
-        // The load at start is a successful config load too, as the reference counts it.
-        *totals.entry(CONFIG_LOAD_SUCCESS.into()).or_default() += 1;
-        for (name, total) in totals {
+    /// One line per counter that gained since the last flush, with what it gained.
+    fn lines(&mut self, exposition: &str, options: &StatsdOptions) -> String {
+        let mut out = String::new();
+        for (name, total) in reference::stat_totals(exposition) {
             let before = self.totals.insert(name.clone(), total).unwrap_or(0);
             let gained = total.saturating_sub(before);
             if gained > 0 {
-                let _ = client.count(&name, gained);
+                out.push_str(&line(&name, gained, &options.tags, options.tag_style));
             }
         }
-        let _ = client.flush();
+        out
     }
 }
 
-/// Each statsd counter's total, from the OpenMetrics text of `/metrics`.
-fn stat_totals(exposition: &str) -> HashMap<String, u64> {
-    let mut totals: HashMap<String, u64> = HashMap::new();
-    for line in exposition.lines().filter(|line| !line.starts_with('#')) {
-        let Some((name, labels, value)) = sample(line) else {
-            continue;
-        };
-        let Some(stat) = stat_name(name, &labels) else {
-            continue;
-        };
-        // Counters are whole numbers; a float here would be a gauge, which is not mapped.
-        *totals.entry(stat).or_default() += value as u64;
-    }
-    totals
-}
-
-/// The reference's name for one tollgate series, if it has one.
-fn stat_name(metric: &str, labels: &Labels) -> Option<String> {
-    let label = |name: &str| {
-        labels
-            .iter()
-            .find(|(key, _)| key == name)
-            .map(|(_, value)| value.as_str())
-    };
-    const PER_LIMIT: [&str; 5] = [
-        "total_hits",
-        "over_limit",
-        "near_limit",
-        "within_limit",
-        "shadow_mode",
-    ];
-    let counter = metric.strip_prefix("tollgate_")?.strip_suffix("_total")?;
-    if PER_LIMIT.contains(&counter) {
-        let path = sanitize(label("limit")?);
-        return Some(format!("ratelimit.service.rate_limit.{path}.{counter}"));
-    }
-    Some(match (counter, label("result")) {
-        ("requests", _) => "ratelimit_server.ShouldRateLimit.total_requests".into(),
-        ("config_reloads", Some("success")) => CONFIG_LOAD_SUCCESS.into(),
-        ("config_reloads", Some("error")) => "ratelimit.service.config_load_error".into(),
-        ("store_errors", _) => "ratelimit.service.call.should_rate_limit.redis_error".into(),
-        _ => return None,
-    })
-}
-
-/// A statsd name holds no `:`, `|`, `@` or `#` (they delimit the line); as the reference,
-/// they become `_`.
-fn sanitize(path: &str) -> String {
-    path.chars()
-        .map(|c| {
-            if matches!(c, ':' | '|' | '@' | '#' | '\n') {
-                '_'
-            } else {
-                c
-            }
-        })
-        .collect()
-}
-
-/// A series' labels, unescaped.
-type Labels = Vec<(String, String)>;
-
-/// `name{key="value",…} number`: the name, the labels and the value.
-fn sample(line: &str) -> Option<(&str, Labels, f64)> {
-    let (series, value) = line.rsplit_once(' ')?;
-    let value: f64 = value.parse().ok()?;
-    let Some((name, rest)) = series.split_once('{') else {
-        return Some((series, Vec::new(), value));
-    };
-    let mut labels = Vec::new();
-    let mut chars = rest.chars();
-    loop {
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-        let key = key.trim_start_matches(',').to_owned();
-        if key.is_empty() || key == "}" || chars.next() != Some('"') {
-            break;
+/// One counter line, tags as `style` writes them.
+fn line(name: &str, value: u64, tags: &[(String, String)], style: TagStyle) -> String {
+    match style {
+        TagStyle::Dogstatsd if !tags.is_empty() => {
+            let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}:{v}")).collect();
+            format!("{name}:{value}|c|#{}\n", tags.join(","))
         }
-        let mut value = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => break,
-                },
-                '"' => break,
-                c => value.push(c),
+        TagStyle::Dogstatsd => format!("{name}:{value}|c\n"),
+        TagStyle::Name => {
+            let mut sorted: Vec<&(String, String)> = tags.iter().collect();
+            sorted.sort();
+            let mut full = name.to_owned();
+            for (key, value) in sorted {
+                full.push_str(&format!(".__{key}={}", tag_value(value)));
             }
+            format!("{full}:{value}|c\n")
         }
-        labels.push((key, value));
     }
-    Some((name, labels, value))
+}
+
+/// A tag value in a name: `.`, `:` and `|` would cut the name, so they become `_`, as
+/// gostats writes them.
+fn tag_value(value: &str) -> String {
+    value.replace(['.', ':', '|'], "_")
 }
 
 #[cfg(test)]
@@ -216,24 +254,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn per_limit_counters_take_the_reference_names_and_labels_are_unescaped() {
-        let text = "# TYPE tollgate_total_hits counter\n\
-            tollgate_total_hits_total{domain=\"d\",limit=\"d.user_a\\\"b\"} 7\n\
-            tollgate_over_limit_total{domain=\"d\",limit=\"d.k:v|x\"} 2\n\
-            tollgate_requests_total{code=\"OK\"} 5\n\
-            tollgate_requests_total{code=\"UNAVAILABLE\"} 1\n\
-            tollgate_config_reloads_total{result=\"error\"} 1\n\
-            tollgate_store_up 1\n";
-        let totals = stat_totals(text);
-        let expected: HashMap<String, u64> = [
-            ("ratelimit.service.rate_limit.d.user_a\"b.total_hits", 7),
-            ("ratelimit.service.rate_limit.d.k_v_x.over_limit", 2),
-            ("ratelimit_server.ShouldRateLimit.total_requests", 6),
-            ("ratelimit.service.config_load_error", 1),
-        ]
-        .into_iter()
-        .map(|(name, total)| (name.to_owned(), total))
-        .collect();
-        assert_eq!(totals, expected);
+    fn tags_are_written_as_each_style_writes_them() {
+        let tags = vec![
+            ("zone".to_owned(), "eu.west:1".to_owned()),
+            ("app".to_owned(), "edge".to_owned()),
+        ];
+        assert_eq!(
+            line("ratelimit.a.total_hits", 3, &tags, TagStyle::Name),
+            "ratelimit.a.total_hits.__app=edge.__zone=eu_west_1:3|c\n"
+        );
+        assert_eq!(
+            line("ratelimit.a.total_hits", 3, &tags, TagStyle::Dogstatsd),
+            "ratelimit.a.total_hits:3|c|#zone:eu.west:1,app:edge\n"
+        );
+        assert_eq!(
+            line("ratelimit.a.total_hits", 3, &[], TagStyle::Name),
+            "ratelimit.a.total_hits:3|c\n"
+        );
+    }
+
+    #[test]
+    fn only_what_gained_is_sent_and_datagrams_end_at_line_ends() {
+        let options = StatsdOptions {
+            tag_style: TagStyle::Name,
+            ..StatsdOptions::default()
+        };
+        let mut sent = Sent::default();
+        let first = "tollgate_requests_total{code=\"OK\"} 5\n";
+        assert_eq!(
+            sent.lines(first, &options),
+            "ratelimit.service.config_load_success:1|c\nratelimit_server.ShouldRateLimit.total_requests:5|c\n"
+        );
+        assert_eq!(sent.lines(first, &options), "");
+        let second = "tollgate_requests_total{code=\"OK\"} 7\n";
+        assert_eq!(
+            sent.lines(second, &options),
+            "ratelimit_server.ShouldRateLimit.total_requests:2|c\n"
+        );
+        let long: String = (0..100).map(|i| format!("stat.{i:04}:1|c\n")).collect();
+        let parts = datagrams(&long);
+        assert!(
+            parts
+                .iter()
+                .all(|part| part.len() <= MAX_DATAGRAM && part.ends_with('\n'))
+        );
+        assert_eq!(parts.concat(), long);
     }
 }

@@ -48,32 +48,26 @@ pub enum TraceProtocol {
     Http,
 }
 
-/// Trace export settings (global flags).
+/// Trace export settings: flags of `tollgate serve` (the other commands export none).
 #[derive(Debug, Clone, Default, PartialEq, clap::Args)]
 pub struct TraceArgs {
     /// Export spans over OTLP/gRPC: `auto` (when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), `on`
     /// or `off`.
-    #[arg(long, env = "TOLLGATE_TRACES", value_enum, default_value_t = Traces::Auto, global = true, help_heading = "Tracing")]
+    #[arg(long, env = "TOLLGATE_TRACES", value_enum, default_value_t = Traces::Auto, help_heading = "Tracing")]
     pub traces: Traces,
 
     /// OTLP over `grpc` or `http` (protobuf).
-    #[arg(long, env = "TOLLGATE_TRACE_PROTOCOL", value_enum, default_value_t = TraceProtocol::Grpc, global = true, help_heading = "Tracing")]
+    #[arg(long, env = "TOLLGATE_TRACE_PROTOCOL", value_enum, default_value_t = TraceProtocol::Grpc, help_heading = "Tracing")]
     pub trace_protocol: TraceProtocol,
 
     /// `service.name` of the spans (default: `OTEL_SERVICE_NAME`, else `tollgate`).
-    #[arg(
-        long,
-        env = "TOLLGATE_TRACE_SERVICE_NAME",
-        global = true,
-        help_heading = "Tracing"
-    )]
+    #[arg(long, env = "TOLLGATE_TRACE_SERVICE_NAME", help_heading = "Tracing")]
     pub trace_service_name: Option<String>,
 
     /// `service.namespace` of the spans.
     #[arg(
         long,
         env = "TOLLGATE_TRACE_SERVICE_NAMESPACE",
-        global = true,
         help_heading = "Tracing"
     )]
     pub trace_service_namespace: Option<String>,
@@ -82,14 +76,13 @@ pub struct TraceArgs {
     #[arg(
         long,
         env = "TOLLGATE_TRACE_SERVICE_INSTANCE_ID",
-        global = true,
         help_heading = "Tracing"
     )]
     pub trace_service_instance_id: Option<String>,
 
     /// Share of the traces that start here which are recorded (a caller's decision, from its
     /// `traceparent`, is followed).
-    #[arg(long, env = "TOLLGATE_TRACE_SAMPLING_RATIO", value_parser = ratio, global = true, help_heading = "Tracing")]
+    #[arg(long, env = "TOLLGATE_TRACE_SAMPLING_RATIO", value_parser = ratio, help_heading = "Tracing")]
     pub trace_sampling_ratio: Option<f64>,
 }
 

@@ -12,7 +12,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
@@ -72,14 +71,13 @@ enum StreamError {
     Setup(String),
 }
 
-/// Follows the control plane until the returned task is aborted. `first_config` is set once a
-/// response has been applied.
+/// Follows the control plane until the returned task is aborted; each set applied replaces
+/// `rules` (the first one, `RuleSet::not_loaded` until then).
 pub fn spawn(
     options: XdsOptions,
     rules: Arc<ArcSwap<RuleSet>>,
     status: Arc<ReloadStatus>,
     metrics: Arc<Metrics>,
-    first_config: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut client = Client {
@@ -87,7 +85,6 @@ pub fn spawn(
             rules,
             status,
             metrics,
-            first_config,
             applied: String::new(),
         };
         let mut wait = client.options.backoff.0;
@@ -122,7 +119,6 @@ struct Client {
     rules: Arc<ArcSwap<RuleSet>>,
     status: Arc<ReloadStatus>,
     metrics: Arc<Metrics>,
-    first_config: Arc<AtomicBool>,
     /// The version last applied ("" before any).
     applied: String,
 }
@@ -212,7 +208,6 @@ impl Client {
                 let domains = rules.domains().len();
                 self.rules.store(Arc::new(rules));
                 self.applied = response.version_info.clone();
-                self.first_config.store(true, Ordering::SeqCst);
                 self.status.set(None);
                 let source = format!("xds {}, version {}", self.options.server, self.applied);
                 self.status.set_source(source);

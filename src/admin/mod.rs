@@ -151,6 +151,10 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
         Err(service::Error::Overloaded(error)) => {
             (StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")).into_response()
         }
+        // The reference answers its service errors with 400.
+        Err(error @ service::Error::NoConfig) => {
+            (StatusCode::BAD_REQUEST, format!("{error}\n")).into_response()
+        }
         Err(service::Error::Store(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "rate limit store unavailable\n",

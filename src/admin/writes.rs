@@ -1,7 +1,9 @@
 //! Who may use the admin endpoints that change state (`POST /json` spends quota, `POST
-//! /reset` forgets counters): anyone who reaches the port (the reference's behaviour and the
-//! default), only callers with the bearer token `--admin-token`, or nobody
-//! (`--admin-writes off`). Reads (`/metrics`, `/config`, health) stay open either way.
+//! /reset` forgets counters). Off unless asked for: anyone who reaches the admin port could
+//! otherwise reset any limit. A token (`--admin-token`) turns them on for callers who send it;
+//! `--admin-writes on` opens them without one; `json` opens the reference's `POST /json` alone
+//! (it only spends quota, as a decision does; reference mode uses it). Reads (`/metrics`,
+//! `/config`, health) stay open either way.
 
 use std::sync::Arc;
 
@@ -10,16 +12,29 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+/// `--admin-writes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritesMode {
+    /// On with --admin-token (callers must send it), off without.
+    Auto,
+    /// On; callers must send --admin-token if one is set.
+    On,
+    /// Off: both answer 403.
+    Off,
+    /// `POST /json` open to anyone, as in the reference; `POST /reset` as `auto`.
+    Json,
+}
+
 /// The admin's write policy: flags of `tollgate serve`.
 #[derive(Clone, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Listeners and TLS")]
 pub struct AdminWrites {
-    /// Whether the admin's mutating endpoints (`POST /json`, `POST /reset`) answer: `on`, or
-    /// `off` (403).
-    #[arg(long = "admin-writes", env = "TOLLGATE_ADMIN_WRITES", default_value = "on", value_parser = clap::builder::BoolishValueParser::new(), action = clap::ArgAction::Set)]
-    pub enabled: bool,
+    /// Whether the admin's mutating endpoints (`POST /json`, `POST /reset`) answer.
+    #[arg(long = "admin-writes", env = "TOLLGATE_ADMIN_WRITES", value_enum, default_value_t = WritesMode::Auto)]
+    pub mode: WritesMode,
     /// Require `Authorization: Bearer <token>` on the admin's mutating endpoints (401
-    /// without it); best set from a Secret through the environment variable. Empty: none.
+    /// without it), and turn them on (--admin-writes auto); best set from a Secret through
+    /// the environment variable. Empty: none.
     #[arg(
         long = "admin-token",
         env = "TOLLGATE_ADMIN_TOKEN",
@@ -38,9 +53,40 @@ impl std::fmt::Debug for AdminWrites {
     // The token never appears in logs.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminWrites")
-            .field("enabled", &self.enabled)
+            .field("mode", &self.mode)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .finish()
+    }
+}
+
+/// Why a mutating request is refused.
+#[derive(Debug, PartialEq, Eq)]
+enum Refusal {
+    /// 403: off for everyone.
+    Off(&'static str),
+    /// 401: the token is missing or wrong.
+    NoToken,
+}
+
+impl AdminWrites {
+    fn token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|token| !token.is_empty())
+    }
+
+    /// Whether a request to `path` that did (`presented`) or did not carry the token may
+    /// change state.
+    fn admits(&self, path: &str, presented: impl Fn(&str) -> bool) -> Result<(), Refusal> {
+        let open_json = self.mode == WritesMode::Json && path == "/json";
+        match (self.mode, self.token()) {
+            (WritesMode::Off, _) => Err(Refusal::Off("this server runs with --admin-writes off")),
+            _ if open_json => Ok(()),
+            (WritesMode::On, None) => Ok(()),
+            (_, Some(token)) if presented(token) => Ok(()),
+            (_, Some(_)) => Err(Refusal::NoToken),
+            (_, None) => Err(Refusal::Off(
+                "set --admin-token (callers then send it) or --admin-writes on",
+            )),
+        }
     }
 }
 
@@ -50,27 +96,19 @@ pub async fn guard(
     request: Request,
     next: Next,
 ) -> Response {
-    if !writes.enabled {
-        return (
-            StatusCode::FORBIDDEN,
-            "disabled: this server runs with --admin-writes off\n",
-        )
-            .into_response();
-    }
-    let refused = writes
-        .token
-        .as_deref()
-        .filter(|token| !token.is_empty())
-        .is_some_and(|token| !presents(request.headers(), token));
-    if refused {
-        return (
+    let path = request.uri().path().to_owned();
+    match writes.admits(&path, |token| presents(request.headers(), token)) {
+        Ok(()) => next.run(request).await,
+        Err(Refusal::Off(why)) => {
+            (StatusCode::FORBIDDEN, format!("disabled: {why}\n")).into_response()
+        }
+        Err(Refusal::NoToken) => (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
             "unauthorized: send Authorization: Bearer <the --admin-token>\n",
         )
-            .into_response();
+            .into_response(),
     }
-    next.run(request).await
 }
 
 /// Whether the request carries `Authorization: Bearer <token>`, compared in constant time.
@@ -89,4 +127,81 @@ fn presents(headers: &HeaderMap, token: &str) -> bool {
             .zip(token)
             .fold(0u8, |differ, (a, b)| differ | (a ^ b))
             == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writes(mode: WritesMode, token: Option<&str>) -> AdminWrites {
+        AdminWrites {
+            mode,
+            token: token.map(str::to_owned),
+        }
+    }
+
+    /// What `/json` and `/reset` get, without the token and with it.
+    fn answers(writes: &AdminWrites) -> [Result<(), Refusal>; 4] {
+        let with = |token: &str| token == "t";
+        let without = |_: &str| false;
+        [
+            writes.admits("/json", without),
+            writes.admits("/reset", without),
+            writes.admits("/json", with),
+            writes.admits("/reset", with),
+        ]
+    }
+
+    #[test]
+    fn off_unless_a_token_is_set_or_writes_are_turned_on() {
+        let off = || {
+            Err(Refusal::Off(
+                "set --admin-token (callers then send it) or --admin-writes on",
+            ))
+        };
+        assert_eq!(
+            answers(&writes(WritesMode::Auto, None)),
+            [off(), off(), off(), off()]
+        );
+        assert_eq!(
+            answers(&writes(WritesMode::Auto, Some(""))),
+            [off(), off(), off(), off()]
+        );
+        let no = || Err(Refusal::NoToken);
+        assert_eq!(
+            answers(&writes(WritesMode::Auto, Some("t"))),
+            [no(), no(), Ok(()), Ok(())]
+        );
+        assert_eq!(
+            answers(&writes(WritesMode::On, None)),
+            [Ok(()), Ok(()), Ok(()), Ok(())]
+        );
+        assert_eq!(
+            answers(&writes(WritesMode::On, Some("t"))),
+            [no(), no(), Ok(()), Ok(())]
+        );
+        let down = || Err(Refusal::Off("this server runs with --admin-writes off"));
+        assert_eq!(
+            answers(&writes(WritesMode::Off, Some("t"))),
+            [down(), down(), down(), down()]
+        );
+    }
+
+    #[test]
+    fn json_mode_opens_the_reference_endpoint_alone() {
+        let off = || {
+            Err(Refusal::Off(
+                "set --admin-token (callers then send it) or --admin-writes on",
+            ))
+        };
+        assert_eq!(
+            answers(&writes(WritesMode::Json, None)),
+            [Ok(()), off(), Ok(()), off()]
+        );
+        let no = || Err(Refusal::NoToken);
+        assert_eq!(
+            answers(&writes(WritesMode::Json, Some("t"))),
+            [Ok(()), no(), Ok(()), Ok(())]
+        );
+    }
 }

@@ -1,11 +1,14 @@
 //! What each command does: `serve` wires the server together from its flags; the others are
 //! clients of a server, or the config checker. `main.rs` parses and calls `run`.
 
+use std::path::Path;
 use std::process::ExitCode;
 
-use super::{Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
+use super::{CheckArgs, Command, EnvStyle, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
 use crate::bench::BenchArgs;
 use crate::bench::rlqs::QuotaBenchArgs;
+use crate::reload::RulesOptions;
+use crate::rules::RuleSet;
 use crate::storage::stack::build_store;
 use crate::{bench, config, pb, query, server, shutdown};
 
@@ -13,7 +16,7 @@ use crate::{bench, config, pb, query, server, shutdown};
 pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve(args) => serve(*args).await,
-        Command::Check(args) => Ok(check(args.target())),
+        Command::Check(args) => Ok(check(&args)),
         Command::Query(args) => Ok(query(args).await.unwrap_or_else(|error| {
             eprintln!("Error: {error}");
             ExitCode::from(2)
@@ -35,14 +38,10 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Rules from a control plane arrive once serving; files are read before.
     let rules = match &args.rules.config {
-        Some(dir) => {
-            for skipped in config::skipped_files(dir, args.rules.load) {
-                tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
-            }
-            config::load(dir, args.rules.load)?
-        }
-        None => crate::rules::RuleSet::default(),
+        Some(dir) => initial_rules(dir, &args.rules)?,
+        None => RuleSet::default(),
     };
+    args.listen.check_distinct(args.metrics.metrics_addr)?;
     let options = args.options();
     let store = build_store(&args.store.spec()?, &args.store_options(), &options.metrics);
     let listen = &args.listen;
@@ -63,11 +62,59 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn check(dir: &std::path::Path) -> ExitCode {
-    for skipped in config::skipped_files(dir, config::LoadOptions::default()) {
+/// The rules in the files at start; with --wait-for-valid-config, rules that do not load
+/// leave the server without rules until a reload loads them. A missing directory stops
+/// start-up either way: nothing would ever be loaded from it.
+fn initial_rules(dir: &Path, options: &RulesOptions) -> Result<RuleSet, ServeError> {
+    if !dir.is_dir() {
+        return Err(ServeError::NoConfigDir(dir.to_owned()));
+    }
+    for skipped in config::skipped_files(dir, options.load) {
+        tracing::warn!(file = %skipped.display(), "not a .yaml or .yml file: skipped");
+    }
+    match config::load(dir, options.load) {
+        Ok(rules) => Ok(rules),
+        Err(errors) if options.wait_for_valid_config => {
+            tracing::error!(dir = %dir.display(), errors = %errors, "the rules do not load; serving without rules, not ready, until they are fixed (--wait-for-valid-config)");
+            Ok(RuleSet::not_loaded())
+        }
+        Err(errors) => Err(ServeError::Config(errors)),
+    }
+}
+
+/// Why `serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("--config {}: no such directory", .0.display())]
+    NoConfigDir(std::path::PathBuf),
+    #[error("{0}")]
+    Config(config::ConfigErrors),
+}
+
+/// Exit 0 when the rules load, 1 when they do not, 2 when there is nothing to check.
+fn check(args: &CheckArgs) -> ExitCode {
+    let (dir, load) = match args.target() {
+        Ok(target) => target,
+        Err(error) => {
+            eprintln!("Error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if !dir.exists() {
+        let from = match args.env {
+            EnvStyle::Reference => {
+                " (from RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY)"
+            }
+            EnvStyle::Native => "",
+        };
+        eprintln!("Error: {}{from}: no such file or directory", dir.display());
+        return ExitCode::from(2);
+    }
+    let dir = dir.as_path();
+    for skipped in config::skipped_files(dir, load) {
         println!("{}: skipped: not a .yaml or .yml file", skipped.display());
     }
-    match config::load_dir(dir) {
+    match config::load(dir, load) {
         Ok(rules) => {
             println!("{}: ok, {} domain(s)", dir.display(), rules.domains().len());
             ExitCode::SUCCESS
@@ -98,7 +145,11 @@ async fn query(args: QueryArgs) -> anyhow::Result<ExitCode> {
 
 async fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
     let request = args.request.request(0)?;
-    println!("{}", query::reset(&args.admin_addr, &request).await?);
+    let token = args
+        .admin_token
+        .as_deref()
+        .filter(|token| !token.is_empty());
+    println!("{}", query::reset(&args.admin_addr, token, &request).await?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -130,8 +181,8 @@ async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
             ExitCode::FAILURE
         }
         Err(error) => {
-            eprintln!("{error}");
-            ExitCode::FAILURE
+            eprintln!("Error: {error}");
+            ExitCode::from(2)
         }
     })
 }

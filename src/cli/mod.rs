@@ -46,9 +46,19 @@ pub struct Cli {
     /// Log lines as `text` or `json`.
     #[arg(long, global = true, env = "TOLLGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
 
-    #[command(flatten)]
-    pub trace: TraceArgs,
+impl Cli {
+    /// How spans are exported: as `serve`'s flags say; the other commands export none.
+    pub fn trace(&self) -> TraceArgs {
+        match &self.command {
+            Command::Serve(args) => args.trace.clone(),
+            _ => TraceArgs {
+                traces: crate::telemetry::Traces::Off,
+                ..TraceArgs::default()
+            },
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -91,26 +101,38 @@ pub struct HealthArgs {
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
-    /// Directory of YAML rule files, or a single file.
-    #[arg(
-        value_name = "PATH",
-        env = "TOLLGATE_CONFIG",
-        required_unless_present = "config"
-    )]
+    /// Directory of YAML rule files, or a single file (with `--env reference`, by default
+    /// the directory RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY name).
+    #[arg(value_name = "PATH", env = "TOLLGATE_CONFIG")]
     pub path: Option<PathBuf>,
 
     /// The same, as `serve` takes it.
     #[arg(long, value_name = "PATH", conflicts_with = "path")]
     pub config: Option<PathBuf>,
+
+    /// Check the files as envoyproxy/ratelimit's environment says to read them
+    /// (`reference`: every file whatever its name, dot files unless RUNTIME_IGNOREDOTFILES,
+    /// MERGE_DOMAIN_CONFIG), as `serve --env reference` reads them.
+    #[arg(long, env = "TOLLGATE_ENV", value_enum, default_value_t = EnvStyle::Native)]
+    pub env: EnvStyle,
+
+    #[command(flatten)]
+    pub load: crate::config::LoadOptions,
+}
+
+/// Why `check` has nothing to check.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("name the rules directory (PATH or --config)")]
+    NoPath,
 }
 
 impl CheckArgs {
-    /// What to check, however it was named.
-    pub fn target(&self) -> &std::path::Path {
-        self.config
-            .as_deref()
-            .or(self.path.as_deref())
-            .unwrap_or(std::path::Path::new("."))
+    /// What to check and how to read it, however it was named. With `--env reference` the
+    /// binary has filled both in from the reference's variables before this runs.
+    pub fn target(&self) -> Result<(PathBuf, crate::config::LoadOptions), CheckError> {
+        let named = self.config.clone().or_else(|| self.path.clone());
+        Ok((named.ok_or(CheckError::NoPath)?, self.load))
     }
 }
 
@@ -137,6 +159,15 @@ pub struct ResetArgs {
     /// The server's admin listener (`host:port`, its --http-addr).
     #[arg(long, env = "TOLLGATE_ADMIN_ADDR", default_value = "127.0.0.1:8080")]
     pub admin_addr: String,
+
+    /// The server's --admin-token, sent as `Authorization: Bearer <token>`; best from the
+    /// environment variable, which the server reads too.
+    #[arg(
+        long = "admin-token",
+        env = "TOLLGATE_ADMIN_TOKEN",
+        hide_env_values = true
+    )]
+    pub admin_token: Option<String>,
 
     #[command(flatten)]
     pub request: DescriptorArgs,

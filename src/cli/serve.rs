@@ -74,6 +74,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub shutdown: ShutdownOptions,
 
+    #[command(flatten)]
+    pub trace: crate::telemetry::TraceArgs,
+
     /// How gRPC connections are spread over cores: multi-thread (tokio's work-stealing
     /// runtime) or per-core (one single-threaded runtime per core, each serving the
     /// connections dealt to it in turn; not with TLS). See docs/performance.md.
@@ -105,10 +108,13 @@ impl ServeArgs {
             xds: self.xds.options(self.rules.load.merge_domains),
             serve_before_config: self.xds.serve_before_config,
             admin_writes: self.admin.clone(),
-            metrics: Arc::new(Metrics::new(
-                self.metrics.near_limit_ratio,
-                self.metrics.metrics_max_detailed,
-            )),
+            metrics: Arc::new(
+                Metrics::new(
+                    self.metrics.near_limit_ratio,
+                    self.metrics.metrics_max_detailed,
+                )
+                .with_reference_series(self.metrics.reference_series),
+            ),
             ..Options::default()
         }
     }

@@ -39,6 +39,11 @@ pub struct LoadOptions {
     /// refusing the second one (the reference's MERGE_DOMAIN_CONFIG).
     #[arg(long = "merge-domains", env = "TOLLGATE_MERGE_DOMAINS", value_parser = clap::builder::BoolishValueParser::new())]
     pub merge_domains: bool,
+    /// Accept a rules directory without a rule file (every request is then unlimited). By
+    /// default that is an error, at start, at a reload and for `check`: a directory caught
+    /// empty while it is being replaced must not lift every limit.
+    #[arg(long = "config-allow-empty", env = "TOLLGATE_CONFIG_ALLOW_EMPTY", value_parser = clap::builder::BoolishValueParser::new())]
+    pub allow_empty: bool,
 }
 
 /// Loads and validates every config file under `dir` (or the one file `dir` names).
@@ -51,6 +56,21 @@ pub fn load(dir: &Path, options: LoadOptions) -> Result<RuleSet, ConfigErrors> {
     let files = listing(dir, options)
         .map_err(|error| ConfigErrors(vec![error]))?
         .0;
+    if files.is_empty() && !options.allow_empty {
+        let which = if options.every_file {
+            "no file"
+        } else {
+            "no .yaml or .yml file"
+        };
+        return Err(ConfigErrors(vec![ConfigError {
+            file: dir.to_path_buf(),
+            line: None,
+            path: String::new(),
+            reason: format!(
+                "{which}: every request would be unlimited (--config-allow-empty if that is intended)"
+            ),
+        }]));
+    }
     let parsed = files.into_iter().map(|path| {
         let domain = std::fs::read_to_string(&path)
             .map_err(|error| io_error(&path, &error))

@@ -149,7 +149,9 @@ fn only_document(text: &str) -> Result<Option<String>, u64> {
     }
     let first_content =
         |&(from, to): &(usize, usize)| (from..to).find(|&index| has_content(lines[index]));
-    let mut full = documents.iter().filter(|document| first_content(document).is_some());
+    let mut full = documents
+        .iter()
+        .filter(|document| first_content(document).is_some());
     let (from, to) = match (full.next(), full.next()) {
         (Some(&only), None) => only,
         (None, _) => (0, 0),
@@ -159,7 +161,13 @@ fn only_document(text: &str) -> Result<Option<String>, u64> {
         }
     };
     let kept: Vec<&str> = (0..lines.len())
-        .map(|index| if (from..to).contains(&index) { lines[index] } else { "" })
+        .map(|index| {
+            if (from..to).contains(&index) {
+                lines[index]
+            } else {
+                ""
+            }
+        })
         .collect();
     Ok(Some(kept.join("\n")))
 }

@@ -9,6 +9,7 @@ mod counters;
 mod health;
 mod limits;
 mod quota;
+pub mod reference;
 mod service;
 mod store;
 
@@ -42,12 +43,18 @@ pub struct MetricsOptions {
 
     /// Also serve the metrics alone on this address (at --metrics-path), e.g. for a scrape
     /// port apart from the admin endpoints.
-    #[arg(long, env = "TOLLGATE_METRICS_ADDR")]
+    #[arg(long, env = "TOLLGATE_METRICS_ADDR", value_parser = crate::options::listen_addr)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 
     /// The path of the metrics on --metrics-addr.
     #[arg(long, env = "TOLLGATE_METRICS_PATH", default_value = "/metrics", value_parser = crate::options::url_path)]
     pub metrics_path: String,
+
+    /// Also serve envoyproxy/ratelimit's Prometheus series (`ratelimit_service_…`, the names
+    /// and labels its Prometheus sink gives its stats) beside tollgate's own, for dashboards
+    /// built on the reference (docs/migrating.md). Set by USE_PROMETHEUS in reference mode.
+    #[arg(long = "metrics-reference-series", env = "TOLLGATE_METRICS_REFERENCE_SERIES", value_parser = clap::builder::BoolishValueParser::new())]
+    pub reference_series: bool,
 }
 
 impl Default for MetricsOptions {
@@ -67,6 +74,8 @@ pub struct Metrics {
     pub config: ConfigMetrics,
     pub health: HealthMetrics,
     pub quota: QuotaMetrics,
+    /// Whether the exposition carries the reference's series too (`reference.rs`).
+    reference_series: bool,
 }
 
 impl Metrics {
@@ -79,6 +88,7 @@ impl Metrics {
             config: ConfigMetrics::default(),
             health: HealthMetrics::default(),
             quota: QuotaMetrics::default(),
+            reference_series: false,
             tokio_tasks: Gauge::default(),
             process: {
                 let mut process = Registry::default();
@@ -124,7 +134,21 @@ impl Metrics {
             out.truncate(out.len() - "# EOF\n".len());
         }
         let _ = encode(&mut out, &self.process);
+        if self.reference_series && out.ends_with("# EOF\n") {
+            out.truncate(out.len() - "# EOF\n".len());
+            let reference = reference::prometheus(&out);
+            out.push_str(&reference);
+            out.push_str("# EOF\n");
+        }
         out
+    }
+
+    /// These metrics, their exposition also carrying the reference's series when `on`.
+    pub fn with_reference_series(self, on: bool) -> Self {
+        Self {
+            reference_series: on,
+            ..self
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! internals is logged once as ignored.
 
 mod reader;
+mod redis_vars;
 mod translation;
 pub mod variables;
 mod xds_vars;
@@ -72,6 +73,18 @@ fn without_env_flag(args: &[OsString], from_env: Option<&str>) -> (Vec<OsString>
         }
     }
     (kept, asked)
+}
+
+/// Where and how the reference's variables in `vars` say to read the rule files (for
+/// `tollgate check --env reference`).
+pub fn rule_files(
+    vars: &HashMap<String, String>,
+) -> Result<(std::path::PathBuf, crate::config::LoadOptions), EnvError> {
+    let mut reader = Reader {
+        vars,
+        out: Translation::default(),
+    };
+    reader.rule_files()
 }
 
 /// The flags the reference's variables in `vars` translate to.

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use super::translation::{EnvError, Translation, refuse};
 use super::variables::VARIABLES;
+use crate::config::LoadOptions;
 
 pub struct Reader<'a> {
     pub vars: &'a HashMap<String, String>,
@@ -72,6 +73,11 @@ impl Reader<'_> {
         if !uds.is_empty() {
             self.flag("--grpc-uds", uds, "GRPC_UDS");
         }
+        // The reference's POST /json spends quota as a decision does, open to whoever reaches
+        // the port; it has no reset endpoint, so ours stays off (unless a token is given).
+        self.out
+            .args
+            .extend(["--admin-writes".into(), "json".into()]);
         if !self.switch("GRPC_SERVER_USE_TLS")? {
             return Ok(());
         }
@@ -159,9 +165,10 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// The flags of the rule files under RUNTIME_ROOT.
-    fn files(&mut self) -> Result<Vec<String>, EnvError> {
-        let mut flags = Vec::new();
+    /// Where the reference reads its rule files, and how: every file under the directory,
+    /// whatever its name; dot entries unless RUNTIME_IGNOREDOTFILES; a directory without
+    /// any accepted (the reference then serves with no domain).
+    pub fn rule_files(&mut self) -> Result<(PathBuf, LoadOptions), EnvError> {
         let mut dir = PathBuf::from(self.text("RUNTIME_ROOT"));
         for part in ["RUNTIME_SUBDIRECTORY", "RUNTIME_APPDIRECTORY"] {
             let part = self.text(part);
@@ -169,10 +176,29 @@ impl Reader<'_> {
                 dir.push(part);
             }
         }
+        let options = LoadOptions {
+            every_file: true,
+            dotfiles: !self.switch("RUNTIME_IGNOREDOTFILES")?,
+            merge_domains: self.switch("MERGE_DOMAIN_CONFIG")?,
+            allow_empty: true,
+        };
+        Ok((dir, options))
+    }
+
+    /// The flags of the rule files under RUNTIME_ROOT.
+    fn files(&mut self) -> Result<Vec<String>, EnvError> {
+        let mut flags = Vec::new();
+        let (dir, options) = self.rule_files()?;
         flags.extend(["--config".into(), dir.display().to_string()]);
-        // The reference reads every file under the directory, whatever its name.
+        self.out.sources.push((
+            "--config".into(),
+            "RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY".into(),
+        ));
+        // The reference starts with files that do not load, and heals when they are fixed.
+        flags.push("--wait-for-valid-config".into());
         flags.push("--config-every-file".into());
-        if !self.switch("RUNTIME_IGNOREDOTFILES")? {
+        flags.push("--config-allow-empty".into());
+        if options.dotfiles {
             flags.push("--config-dotfiles".into());
         }
         // With RUNTIME_WATCH_ROOT the reference reloads when RUNTIME_ROOT, a link, is swapped
@@ -241,109 +267,6 @@ impl Reader<'_> {
         Ok(())
     }
 
-    pub fn stores(&mut self) -> Result<(), EnvError> {
-        for (variable, flag) in [
-            ("REDIS_TLS_CACERT", "--redis-tls-ca"),
-            ("REDIS_TLS_CLIENT_CERT", "--redis-tls-cert"),
-            ("REDIS_TLS_CLIENT_KEY", "--redis-tls-key"),
-        ] {
-            let path = self.text(variable);
-            if !path.is_empty() {
-                self.flag(flag, path, variable);
-            }
-        }
-        let main = self.store_url("REDIS_")?;
-        self.flag("--store", main, "REDIS_URL");
-        if self.switch("REDIS_PERSECOND")? {
-            let per_second = self.store_url("REDIS_PERSECOND_")?;
-            self.flag("--store-per-second", per_second, "REDIS_PERSECOND_URL");
-        }
-        // The reference's dial timeout; its calls are bounded by the request alone, ours by
-        // --store-timeout as well.
-        let timeout = self.text("REDIS_TIMEOUT");
-        self.flag("--redis-connect-timeout", timeout, "REDIS_TIMEOUT");
-        // Unset, tollgate reconnects on READONLY anyway (the reference does not): only an
-        // explicit false turns that off.
-        if self.is_set("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR") {
-            let reconnect = self.switch("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR")?;
-            self.flag(
-                "--redis-reconnect-on-readonly",
-                reconnect.to_string(),
-                "REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR",
-            );
-        }
-        Ok(())
-    }
-
-    /// The `--store` URL the `prefix`ed variables (`REDIS_` or `REDIS_PERSECOND_`) describe.
-    fn store_url(&mut self, prefix: &str) -> Result<String, EnvError> {
-        let name = |suffix: &str| format!("{prefix}{suffix}");
-        let socket = self.text(&name("SOCKET_TYPE")).to_ascii_lowercase();
-        let kind = self.text(&name("TYPE")).to_ascii_lowercase();
-        let url = self.text(&name("URL"));
-        let auth = credentials(&self.text(&name("AUTH")));
-        let tls = self.switch(&name("TLS"))?;
-        let insecure = self.switch("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?;
-        let sentinel_auth = credentials(&self.text(&name("SENTINEL_AUTH")));
-        if !matches!(kind.as_str(), "single" | "sentinel" | "cluster") {
-            return Err(refuse(
-                &name("TYPE"),
-                format!("{kind:?}: expected single, sentinel or cluster"),
-            ));
-        }
-        if !matches!(socket.as_str(), "unix" | "tcp") {
-            return Err(refuse(
-                &name("SOCKET_TYPE"),
-                format!("{socket:?}: expected unix or tcp"),
-            ));
-        }
-        if socket == "unix" {
-            if kind != "single" {
-                return Err(refuse(
-                    &name("SOCKET_TYPE"),
-                    format!("unix works with {} single only", name("TYPE")),
-                ));
-            }
-            let query = match auth.as_deref() {
-                None => String::new(),
-                Some(userinfo) => match userinfo.trim_end_matches('@').split_once(':') {
-                    Some(("", pass)) => format!("?pass={pass}"),
-                    Some((user, pass)) => format!("?user={user}&pass={pass}"),
-                    None => String::new(),
-                },
-            };
-            return Ok(format!("unix://{url}{query}"));
-        }
-        let scheme = if tls { "rediss" } else { "redis" };
-        let userinfo = auth.unwrap_or_default();
-        match kind.as_str() {
-            "single" => {
-                let fragment = if tls && insecure { "/#insecure" } else { "" };
-                Ok(format!("{scheme}://{userinfo}{url}{fragment}"))
-            }
-            "sentinel" => {
-                let Some((master, sentinels)) = url.split_once(',') else {
-                    return Err(refuse(
-                        &name("URL"),
-                        "a sentinel URL is `master,host:port[,host:port…]`",
-                    ));
-                };
-                let query = match sentinel_auth {
-                    None => String::new(),
-                    Some(userinfo) => match userinfo.trim_end_matches('@').split_once(':') {
-                        Some(("", pass)) => format!("?sentinel_pass={pass}"),
-                        Some((user, pass)) => format!("?sentinel_user={user}&sentinel_pass={pass}"),
-                        None => String::new(),
-                    },
-                };
-                Ok(format!(
-                    "{scheme}-sentinel://{userinfo}{sentinels}/{master}{query}"
-                ))
-            }
-            _ => Ok(format!("{scheme}-cluster://{userinfo}{url}")),
-        }
-    }
-
     pub fn stats(&mut self) -> Result<(), EnvError> {
         let (plain, dog) = (self.switch("USE_STATSD")?, self.switch("USE_DOG_STATSD")?);
         let statsd = plain || dog;
@@ -351,6 +274,15 @@ impl Reader<'_> {
             let host = self.text("STATSD_HOST");
             let port = self.text("STATSD_PORT");
             self.flag("--statsd", format!("{host}:{port}"), "STATSD_HOST");
+            // The reference's plain statsd sink is gostats' (TCP unless STATSD_PROTOCOL says,
+            // tags in the name); its DogStatsD sink sends datagrams with `|#` tags.
+            let (protocol, style) = if dog {
+                ("udp".to_owned(), "dogstatsd")
+            } else {
+                (self.text("STATSD_PROTOCOL").to_ascii_lowercase(), "name")
+            };
+            self.flag("--statsd-protocol", protocol, "STATSD_PROTOCOL");
+            self.flag("--statsd-tag-style", style, "USE_DOG_STATSD");
             let every = self.text("STATS_FLUSH_INTERVAL");
             self.flag("--statsd-flush-interval", every, "STATS_FLUSH_INTERVAL");
             let tags = self.text("EXTRA_TAGS");
@@ -369,6 +301,7 @@ impl Reader<'_> {
             self.flag("--metrics-addr", addr, "PROMETHEUS_ADDR");
             let path = self.text("PROMETHEUS_PATH");
             self.flag("--metrics-path", path, "PROMETHEUS_PATH");
+            self.out.args.push("--metrics-reference-series".into());
         }
         Ok(())
     }
@@ -425,17 +358,4 @@ fn address(
             format!("{host:?} is not an address of this host"),
         )),
     }
-}
-
-/// `pass` or `user:pass` as URL user information (`user:pass@`, `:pass@`), percent-encoded;
-/// `None` when empty.
-fn credentials(auth: &str) -> Option<String> {
-    if auth.is_empty() {
-        return None;
-    }
-    let (user, pass) = auth.split_once(':').unwrap_or(("", auth));
-    let encode = |text: &str| {
-        percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
-    };
-    Some(format!("{}:{}@", encode(user), encode(pass)))
 }

@@ -125,7 +125,7 @@ fn the_defaults_are_the_reference_defaults() {
     )
     .unwrap();
     assert_eq!(cli.log_level, "warn");
-    assert_eq!(cli.trace.traces, crate::telemetry::Traces::Off);
+    assert_eq!(cli.trace().traces, crate::telemetry::Traces::Off);
 }
 
 #[test]
@@ -372,6 +372,16 @@ fn stats_and_tracing() {
         Some("0.0.0.0:9191")
     );
     assert_eq!(args.metrics.metrics_path, "/stats/prometheus");
+    assert!(args.metrics.reference_series);
+    // gostats' TCP sink with tags in the name; DogStatsD over UDP with `|#` tags.
+    assert_eq!(args.statsd.protocol, crate::statsd::Protocol::Tcp);
+    assert_eq!(args.statsd.tag_style, crate::statsd::TagStyle::Name);
+    let udp = serve(&[("STATSD_PROTOCOL", "UDP")]);
+    assert_eq!(udp.statsd.protocol, crate::statsd::Protocol::Udp);
+    let dog = serve(&[("USE_STATSD", "false"), ("USE_DOG_STATSD", "true")]);
+    assert_eq!(dog.statsd.protocol, crate::statsd::Protocol::Udp);
+    assert_eq!(dog.statsd.tag_style, crate::statsd::TagStyle::Dogstatsd);
+    assert!(!serve(&[]).metrics.reference_series);
     assert_eq!(serve(&[("DISABLE_STATS", "true")]).statsd.address, None);
     assert_eq!(serve(&[("USE_STATSD", "false")]).statsd.address, None);
 
@@ -389,9 +399,9 @@ fn stats_and_tracing() {
             .chain(traced.args),
     )
     .unwrap();
-    assert_eq!(cli.trace.traces, crate::telemetry::Traces::On);
-    assert_eq!(cli.trace.trace_service_name.as_deref(), Some("edge-rl"));
-    assert_eq!(cli.trace.trace_sampling_ratio, Some(0.25));
+    assert_eq!(cli.trace().traces, crate::telemetry::Traces::On);
+    assert_eq!(cli.trace().trace_service_name.as_deref(), Some("edge-rl"));
+    assert_eq!(cli.trace().trace_sampling_ratio, Some(0.25));
     assert!(
         refusal(&[
             ("TRACING_ENABLED", "true"),

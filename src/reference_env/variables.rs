@@ -96,7 +96,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(
         "FORCE_START_WITHOUT_INITIAL_CONFIG",
         "false",
-        "--serve-before-config (xDS; files are read before serving, and an invalid one stops startup)",
+        "--serve-before-config (xDS; files that do not load at start are served as no rules, not ready, until fixed)",
     ),
     honoured(
         "RUNTIME_ROOT",
@@ -311,9 +311,14 @@ pub const VARIABLES: &[Variable] = &[
     honoured("STATSD_HOST", "localhost", "--statsd"),
     honoured("STATSD_PORT", "8125", "--statsd"),
     honoured(
+        "STATSD_PROTOCOL",
+        "tcp",
+        "--statsd-protocol (read by the reference's plain statsd sink, gostats)",
+    ),
+    honoured(
         "USE_DOG_STATSD",
         "false",
-        "--statsd (tags are sent in the DogStatsD form either way)",
+        "--statsd --statsd-protocol udp --statsd-tag-style dogstatsd",
     ),
     ignored(
         "USE_DOG_STATSD_MOGRIFIERS",
@@ -328,7 +333,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(
         "USE_PROMETHEUS",
         "false",
-        "--metrics-addr PROMETHEUS_ADDR (/metrics is on HOST:PORT too)",
+        "--metrics-addr PROMETHEUS_ADDR, --metrics-reference-series (the reference's series beside tollgate's; /metrics is on HOST:PORT too)",
     ),
     honoured("PROMETHEUS_ADDR", ":9090", "--metrics-addr"),
     honoured("PROMETHEUS_PATH", "/metrics", "--metrics-path"),

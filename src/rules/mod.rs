@@ -16,9 +16,18 @@ use crate::limit::Limit;
 // and a lookup's probe length depends on the stored keys alone.
 
 /// Every configured domain.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RuleSet {
     domains: FnvHashMap<String, DomainRules>,
+    /// False for the rules in force before any were loaded (`not_loaded`).
+    loaded: bool,
+}
+
+/// No domain, loaded: every request is answered OK, as for an unknown domain.
+impl Default for RuleSet {
+    fn default() -> Self {
+        Self::new([])
+    }
 }
 
 impl RuleSet {
@@ -28,7 +37,23 @@ impl RuleSet {
                 .into_iter()
                 .map(|domain| (domain.name.clone(), domain))
                 .collect(),
+            loaded: true,
         }
+    }
+
+    /// What is in force before any rules were loaded (a control plane's first set has not
+    /// come; the files at start did not load and `--wait-for-valid-config` waits for them):
+    /// every request is refused (`no rate limit configuration loaded`) and the server is not
+    /// ready, until rules are loaded.
+    pub fn not_loaded() -> Self {
+        Self {
+            domains: FnvHashMap::default(),
+            loaded: false,
+        }
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded
     }
 
     pub fn domain(&self, name: &str) -> Option<&DomainRules> {

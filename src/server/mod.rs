@@ -7,7 +7,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 mod grpc;
@@ -97,8 +96,9 @@ impl Default for Options {
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 #[command(next_help_heading = "Listeners and TLS")]
 pub struct ListenOptions {
-    /// gRPC listen address (RLS v3 and gRPC health).
-    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    /// gRPC listen address (RLS v3 and gRPC health): `HOST:PORT`, or `:PORT` for every
+    /// address of the host, IPv6 and IPv4.
+    #[arg(long, env = "TOLLGATE_GRPC_ADDR", default_value = ":8081", value_parser = crate::options::listen_addr)]
     pub grpc_addr: SocketAddr,
 
     /// Serve gRPC on this Unix socket instead of --grpc-addr (plaintext; for a sidecar on the
@@ -106,8 +106,9 @@ pub struct ListenOptions {
     #[arg(long, env = "TOLLGATE_GRPC_UDS")]
     pub grpc_uds: Option<std::path::PathBuf>,
 
-    /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config).
-    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    /// HTTP admin listen address (/healthcheck, /healthz, /readyz, /json, /config), as
+    /// --grpc-addr.
+    #[arg(long, env = "TOLLGATE_HTTP_ADDR", default_value = ":8080", value_parser = crate::options::listen_addr)]
     pub http_addr: SocketAddr,
 }
 
@@ -115,6 +116,50 @@ impl Default for ListenOptions {
     fn default() -> Self {
         crate::options::defaults()
     }
+}
+
+impl ListenOptions {
+    /// Refuses two listeners on one address (port 0, "any free port", excepted), which would
+    /// otherwise fail as if another process held it.
+    pub fn check_distinct(&self, metrics: Option<SocketAddr>) -> Result<(), SameAddress> {
+        let grpc = self
+            .grpc_uds
+            .is_none()
+            .then_some(("--grpc-addr", self.grpc_addr));
+        let named: Vec<(&'static str, SocketAddr)> = grpc
+            .into_iter()
+            .chain([("--http-addr", self.http_addr)])
+            .chain(metrics.map(|addr| ("--metrics-addr", addr)))
+            .collect();
+        for (index, (first, addr)) in named.iter().enumerate() {
+            let clash = named[index + 1..]
+                .iter()
+                .find(|(_, other)| addr.port() != 0 && overlap(*addr, *other));
+            if let Some((second, _)) = clash {
+                return Err(SameAddress {
+                    first,
+                    second,
+                    addr: *addr,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether two listen addresses would take the same port: equal, or one of them every
+/// address of the host.
+fn overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
+/// Two listeners named for one address.
+#[derive(Debug, thiserror::Error)]
+#[error("{first} and {second} both name {addr}: each listener needs a port of its own")]
+pub struct SameAddress {
+    first: &'static str,
+    second: &'static str,
+    addr: SocketAddr,
 }
 
 /// The two bound listeners.
@@ -179,8 +224,22 @@ fn listen_unix(path: &Path) -> Result<UnixListener, BindError> {
     })
 }
 
+/// Binds `addr`. Every address of the host (`[::]`) is both IPv6 and IPv4 (whatever the
+/// host's `bindv6only`), or IPv4 alone on a host without IPv6.
 async fn listen(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, BindError> {
-    TcpListener::bind(addr).await.map_err(|error| BindError {
+    let bound = if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED {
+        match dual_stack(addr) {
+            Err(error) if is_ipv6_missing(&error) => {
+                let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+                tracing::info!(flag, %v4, "no IPv6 on this host: listening on IPv4 alone");
+                TcpListener::bind(v4).await
+            }
+            bound => bound,
+        }
+    } else {
+        TcpListener::bind(addr).await
+    };
+    bound.map_err(|error| BindError {
         flag,
         addr: addr.to_string(),
         hint: match error.kind() {
@@ -193,6 +252,25 @@ async fn listen(flag: &'static str, addr: SocketAddr) -> Result<TcpListener, Bin
         },
         error,
     })
+}
+
+/// `[::]:port` for IPv6 and IPv4 connections alike.
+fn dual_stack(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV6, Type::STREAM, None)?;
+    socket.set_only_v6(false)?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// Whether binding an IPv6 socket failed because the host has no IPv6.
+fn is_ipv6_missing(error: &std::io::Error) -> bool {
+    const EAFNOSUPPORT: i32 = 97;
+    error.raw_os_error() == Some(EAFNOSUPPORT)
+        || error.kind() == std::io::ErrorKind::AddrNotAvailable
 }
 
 /// A listener that could not be opened.
@@ -215,20 +293,27 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServerError> {
     let tls = tls_config(&options)?;
-    options.metrics.config.loaded(true);
-    let statsd = crate::statsd::spawn(Arc::clone(&options.metrics), options.statsd.clone())?;
+    // Rules from a control plane arrive once serving: until its first set, none is loaded,
+    // unless asked to serve before it (unknown domains answered OK).
+    let rules = match &options.xds {
+        Some(_) if !options.serve_before_config => RuleSet::not_loaded(),
+        _ => rules,
+    };
+    options
+        .metrics
+        .config
+        .loaded(rules.is_loaded() || options.xds.is_some());
+    let statsd = crate::statsd::spawn(Arc::clone(&options.metrics), options.statsd.clone()).await?;
     let rules = Arc::new(ArcSwap::from_pointee(rules));
     if options.reload.is_some() {
         options.metrics.config.source("files", "");
     }
-    let first_config = Arc::new(AtomicBool::new(false));
     let follower = options.xds.clone().map(|xds| {
         crate::xds::spawn(
             xds,
             Arc::clone(&rules),
             Arc::clone(&options.reload_status),
             Arc::clone(&options.metrics),
-            Arc::clone(&first_config),
         )
     });
     let reloader = options.reload.clone().map(|reload| {
@@ -258,13 +343,10 @@ pub async fn run(
     let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
     let store_up = options.metrics.health.store_up.clone();
     let gauges = (store_up, options.metrics.health.ready.clone());
-    let mut health = Health::new(reporter, store_gates_readiness, gauges).await;
-    if options.ready_needs_rules {
-        health = health.requiring_rules(Arc::clone(&rules)).await;
-    }
-    if options.xds.is_some() && !options.serve_before_config {
-        health = health.requiring_first_config(first_config).await;
-    }
+    let health = Health::new(reporter, store_gates_readiness, gauges)
+        .await
+        .requiring_rules(Arc::clone(&rules), options.ready_needs_rules)
+        .await;
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
         store.counters,

@@ -21,7 +21,7 @@ use crate::admission::{Admission, Admitted, Overloaded};
 use crate::descriptor::{self, RequestError};
 use crate::dynamic_metadata;
 use crate::headers;
-use crate::limiter::{Code, RateLimiter};
+use crate::limiter::{Code, RateLimiter, Undecided};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::storage::StoreError;
@@ -75,7 +75,7 @@ impl RlsService {
         let decided = match deadline {
             Some(deadline) => tokio::time::timeout(deadline, decision)
                 .await
-                .unwrap_or(Err(StoreError::Timeout(deadline))),
+                .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline)))),
             None => decision.await,
         };
         match decided {
@@ -96,8 +96,11 @@ impl RlsService {
                     }));
                 Ok(response)
             }
-            Err(error) => failure::answer(options, &error, request.descriptors.len())
-                .ok_or(Error::Store(error)),
+            Err(Undecided::Store(error)) => {
+                failure::answer(options, &error, request.descriptors.len())
+                    .ok_or(Error::Store(error))
+            }
+            Err(Undecided::NoConfig) => Err(Error::NoConfig),
         }
     }
 
@@ -158,6 +161,9 @@ pub enum Error {
     Store(#[from] StoreError),
     #[error(transparent)]
     Overloaded(#[from] Overloaded),
+    /// No rules were ever loaded (`RuleSet::not_loaded`).
+    #[error("no rate limit configuration loaded")]
+    NoConfig,
 }
 
 impl From<Error> for Status {
@@ -165,6 +171,8 @@ impl From<Error> for Status {
         match error {
             Error::Request(error) => Status::invalid_argument(error.to_string()),
             Error::Overloaded(error) => Status::resource_exhausted(error.to_string()),
+            // The reference's code and words for a server without rules.
+            Error::NoConfig => Status::unknown(error.to_string()),
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
             // whether traffic passes while the store is down, as the operator configured.
             Error::Store(error) => {

@@ -58,7 +58,7 @@ pub struct ServiceOptions {
     /// The names of the `legacy` headers, in the order limit, remaining, reset, separated by
     /// `,` (the reference's LIMIT_LIMIT_HEADER, LIMIT_REMAINING_HEADER and
     /// LIMIT_RESET_HEADER); a name left out keeps its default.
-    #[arg(long, env = "TOLLGATE_LEGACY_HEADER_NAMES", value_delimiter = ',', value_parser = header_name, default_values_t = LEGACY_HEADER_NAMES.map(String::from), help_heading = "Responses and load shedding")]
+    #[arg(long, env = "TOLLGATE_LEGACY_HEADER_NAMES", value_delimiter = ',', value_parser = header_name, default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", help_heading = "Responses and load shedding")]
     pub legacy_header_names: Vec<String>,
 
     /// Where the `x-tollgate-store-error` header marking an answer given without the store

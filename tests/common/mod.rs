@@ -231,12 +231,20 @@ pub async fn start_with(files: &[(&str, &str)], mut setup: Setup) -> TestServer 
     let dir = config_dir(files);
     if let Some(poll) = setup.reload {
         setup.options.reload = Some(tollgate::reload::ReloadOptions {
-            load: tollgate::config::LoadOptions::default(),
+            load: tollgate::config::LoadOptions {
+                allow_empty: files.is_empty(),
+                ..Default::default()
+            },
             dir: dir.path().to_owned(),
             poll,
         });
     }
-    let rules = tollgate::config::load_dir(dir.path()).expect("test config is valid");
+    // An xDS test starts with no file: its rules come from the control plane.
+    let load = tollgate::config::LoadOptions {
+        allow_empty: files.is_empty(),
+        ..Default::default()
+    };
+    let rules = tollgate::config::load(dir.path(), load).expect("test config is valid");
     let clock = ManualClock::at_seconds(T2222);
     let (store, backing) = match setup.own_store.take() {
         Some(store) => (store, Backing::None),
@@ -708,6 +716,36 @@ pub async fn receive_statsd(
             assert!(rest.ends_with("|c"), "a counter: {line}");
             *totals.entry(name.to_owned()).or_insert(0) += count;
         }
+    }
+    totals
+}
+
+/// statsd counters received over TCP (the reference's plain statsd), summed by name, until
+/// `expected` all match or 20 s pass.
+pub async fn receive_statsd_tcp(
+    listener: &tokio::net::TcpListener,
+    expected: &[(&str, u64)],
+) -> std::collections::BTreeMap<String, u64> {
+    use tokio::io::AsyncBufReadExt;
+    let mut totals = std::collections::BTreeMap::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    let Ok(Ok((stream, _))) = tokio::time::timeout_at(deadline, listener.accept()).await else {
+        return totals;
+    };
+    let mut lines = tokio::io::BufReader::new(stream).lines();
+    while !expected
+        .iter()
+        .all(|(name, count)| totals.get(*name) == Some(count))
+    {
+        let Ok(Ok(Some(line))) = tokio::time::timeout_at(deadline, lines.next_line()).await else {
+            break;
+        };
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        assert!(rest.ends_with("|c"), "a counter: {line}");
+        let count: u64 = rest.trim_end_matches("|c").parse().unwrap();
+        *totals.entry(name.to_owned()).or_insert(0) += count;
     }
     totals
 }

@@ -82,7 +82,8 @@ async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> Child
 async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_configured() {
     let dir = tempfile::tempdir().unwrap();
     let redis = RedisServer::start();
-    let statsd = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // The reference's plain statsd sink connects over TCP.
+    let statsd = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc = free_port();
     // The compose example's variables, with this machine's addresses.
     let mut env = compose_env(dir.path(), &redis);
@@ -112,7 +113,7 @@ async fn the_reference_compose_environment_through_bin_ratelimit_limits_as_confi
         ("ratelimit_server.ShouldRateLimit.total_requests", 11),
         ("ratelimit.service.config_load_success", 1),
     ];
-    let received = receive_statsd(&statsd, &expected).await;
+    let received = receive_statsd_tcp(&statsd, &expected).await;
     for (name, count) in expected {
         assert_eq!(received.get(name), Some(&count), "{name} in {received:?}");
     }

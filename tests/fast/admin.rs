@@ -28,7 +28,7 @@ descriptors:
 
 #[tokio::test]
 async fn json_maps_ok_to_200_over_limit_to_429_and_bad_input_to_400() {
-    let server = start(&[("dummy.yaml", CONFIG)]).await;
+    let server = start_with(&[("dummy.yaml", CONFIG)], writes_on()).await;
     let body = r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"one_per_day","value":"something"}]}]}"#;
     assert_eq!(
         server.http("POST", "/json", body).await,
@@ -198,10 +198,11 @@ async fn in_flight_calls_finish_when_shutdown_starts() {
 }
 
 /// `--admin-token`: the mutating endpoints want it as a bearer token (401 without it or with
-/// another); reads stay open. `--admin-writes off`: they answer 403 whatever is sent.
+/// another); reads stay open. `--admin-writes off`: they answer 403 whatever is sent. With
+/// neither token nor `--admin-writes on` (the default), they are off.
 #[tokio::test]
 async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_off() {
-    use tollgate::admin::writes::AdminWrites;
+    use tollgate::admin::writes::{AdminWrites, WritesMode};
     let body =
         r#"{"domain":"dummy","descriptors":[{"entries":[{"key":"one_per_day","value":"x"}]}]}"#;
     let guarded = start_with(
@@ -209,7 +210,7 @@ async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_
         Setup {
             options: Options {
                 admin_writes: AdminWrites {
-                    enabled: true,
+                    mode: WritesMode::Auto,
                     token: Some("s3cret".into()),
                 },
                 ..Options::default()
@@ -249,8 +250,8 @@ async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_
         Setup {
             options: Options {
                 admin_writes: AdminWrites {
-                    enabled: false,
-                    token: None,
+                    mode: WritesMode::Off,
+                    token: Some("s3cret".into()),
                 },
                 ..Options::default()
             },
@@ -267,6 +268,33 @@ async fn the_admin_token_guards_the_mutating_endpoints_and_writes_can_be_turned_
         );
     }
     assert_eq!(off.http("GET", "/metrics", "").await.0, 200);
+
+    let by_default = start(&[("admin.yaml", CONFIG)]).await;
+    for path in ["/json", "/reset"] {
+        assert_eq!(
+            by_default.http("POST", path, body).await,
+            (
+                403,
+                "disabled: set --admin-token (callers then send it) or --admin-writes on\n"
+                    .to_owned()
+            ),
+            "{path}"
+        );
+    }
+}
+
+/// `--admin-writes on`: the mutating endpoints open without a token.
+fn writes_on() -> Setup {
+    Setup {
+        options: Options {
+            admin_writes: tollgate::admin::writes::AdminWrites {
+                mode: tollgate::admin::writes::WritesMode::On,
+                token: None,
+            },
+            ..Options::default()
+        },
+        ..Setup::default()
+    }
 }
 
 /// A store whose client is stuck while `stuck` is set (as `storage/redis/doctor.rs` reports

@@ -76,7 +76,12 @@ fn check_prints_file_line_path_reason_and_exits_1() {
 #[tokio::test]
 async fn serve_answers_query_ok_then_over_limit() {
     let (grpc, http_port) = (free_port(), free_port());
-    let _server = spawn_serve(std::path::Path::new("examples/config"), grpc, http_port);
+    let _server = spawn_serve_with(
+        std::path::Path::new("examples/config"),
+        grpc,
+        http_port,
+        &["--admin-token", "t0ken"],
+    );
     let http_addr = std::net::SocketAddr::from(([127, 0, 0, 1], http_port));
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -132,16 +137,42 @@ async fn serve_answers_query_ok_then_over_limit() {
         "{json}"
     );
 
-    // An operator's reset: the counter starts afresh.
-    let output = run(&[
+    // An operator's reset: refused without the server's token, then sent with it (from the
+    // flag, or the variable the server reads too): the counter starts afresh.
+    let admin = format!("127.0.0.1:{http_port}");
+    let reset = [
         "reset",
         "--admin-addr",
-        &format!("127.0.0.1:{http_port}"),
+        &admin,
         "--domain",
         "api",
         "--descriptor",
         "password_reset=alice",
-    ]);
+    ];
+    let refused = run(&reset);
+    assert_eq!(
+        (
+            refused.status.code(),
+            String::from_utf8_lossy(&refused.stderr).into_owned()
+        ),
+        (
+            Some(2),
+            "Error: 401: unauthorized: send Authorization: Bearer <the --admin-token>\n".into()
+        )
+    );
+    let from_env = tollgate_bin()
+        .args(reset)
+        .env("TOLLGATE_ADMIN_TOKEN", "t0ken")
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            from_env.status.code(),
+            String::from_utf8_lossy(&from_env.stdout).into_owned()
+        ),
+        (Some(0), "{\"reset\":1}\n".into())
+    );
+    let output = run(&[reset.as_slice(), &["--admin-token", "t0ken"]].concat());
     assert_eq!(
         (
             output.status.code(),
@@ -196,7 +227,7 @@ async fn bench_drives_a_server_and_reports_exact_counts() {
 }
 
 #[tokio::test]
-async fn health_exits_0_when_serving_and_1_when_nothing_answers() {
+async fn health_exits_0_when_serving_and_2_when_nothing_answers() {
     let replica = Replica::spawn(std::path::Path::new("examples/config"), &[]);
     replica.wait_ready().await;
     let serving = run(&[
@@ -210,7 +241,7 @@ async fn health_exits_0_when_serving_and_1_when_nothing_answers() {
         "--addr",
         &format!("http://127.0.0.1:{}", free_port()),
     ]);
-    assert_eq!(closed.status.code(), Some(1), "{closed:?}");
+    assert_eq!(closed.status.code(), Some(2), "{closed:?}");
 }
 
 #[test]
@@ -229,7 +260,7 @@ fn serve_refuses_to_start_with_unreadable_tls_files() {
         "--tls-key",
         "/nonexistent/server.key",
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("TLS: /nonexistent/server.crt"), "{stderr}");
 }
@@ -247,7 +278,7 @@ fn a_port_in_use_is_named_with_its_flag_and_what_to_do() {
         "--http-addr",
         &format!("127.0.0.1:{}", free_port()),
     ]);
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains(&format!(

@@ -217,7 +217,10 @@ fn files_of_one_domain_merge_when_asked_and_a_repeated_descriptor_is_still_an_er
 fn empty_documents_around_the_domain_are_left_out() {
     let dir = tempfile::tempdir().unwrap();
     let files = [
-        ("trailing.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n---\n"),
+        (
+            "trailing.yaml",
+            "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 5}\n---\n",
+        ),
         ("leading.yaml", "---\n# generated\ndomain: b\n...\n"),
         ("both.yaml", "--- # first\n---\ndomain: c\n---\n\n"),
     ];
@@ -229,7 +232,18 @@ fn empty_documents_around_the_domain_are_left_out() {
     domains.sort_unstable();
     assert_eq!(domains, ["a", "b", "c"]);
     // Line numbers still point into the file as written.
-    std::fs::write(dir.path().join("both.yaml"), "---\n---\ndomain: c\nbogus: 1\n---\n").unwrap();
-    let error = tollgate::config::load_dir(dir.path()).unwrap_err().to_string();
-    assert!(error.ends_with("both.yaml:4: bogus: unknown field `bogus`, expected one of domain, descriptors"), "{error}");
+    std::fs::write(
+        dir.path().join("both.yaml"),
+        "---\n---\ndomain: c\nbogus: 1\n---\n",
+    )
+    .unwrap();
+    let error = tollgate::config::load_dir(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.ends_with(
+            "both.yaml:4: bogus: unknown field `bogus`, expected one of domain, descriptors"
+        ),
+        "{error}"
+    );
 }

@@ -245,7 +245,7 @@ async fn statsd_receives_the_reference_stat_names_with_exact_counts() {
         statsd: tollgate::statsd::StatsdOptions {
             address: Some(socket.local_addr().unwrap().to_string()),
             every: std::time::Duration::from_millis(100),
-            tags: Vec::new(),
+            ..tollgate::statsd::StatsdOptions::default()
         },
         ..Options::default()
     };

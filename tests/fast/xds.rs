@@ -33,11 +33,21 @@ fn config(name: &str, domain: &str, n: u32) -> RateLimitConfig {
     }
 }
 
-/// The limit a check-only call on `(k, x)` of `domain` reports: `None` when no rule matches.
+/// The limit a check-only call on `(k, x)` of `domain` reports: `None` when no rule matches;
+/// `Some(0)` before any rules are loaded (the call is refused).
 async fn limit_of(server: &TestServer, domain: &str) -> Option<u32> {
     let mut check = request(domain, &[&[("k", "x")]]);
     check.descriptors[0].hits_addend = Some(0);
-    let response = server.ok(check).await;
+    let response = match server.call(check).await {
+        Ok(response) => response,
+        Err(status) => {
+            assert_eq!(
+                (status.code(), status.message()),
+                (tonic::Code::Unknown, "no rate limit configuration loaded")
+            );
+            return Some(0);
+        }
+    };
     response.statuses[0]
         .current_limit
         .as_ref()
@@ -182,6 +192,8 @@ async fn without_a_first_snapshot_not_ready_unless_told_to_serve_before_it() {
         500,
         "not ready before the first snapshot"
     );
+    // Calls are refused meanwhile, with the reference's words.
+    assert_eq!(limit_of(&waiting, "a").await, Some(0));
     let eager = start_following(&plane, true).await;
     assert_eq!(readyz(&eager).await, 200, "ready at once when told to");
     // Unknown domains are answered OK meanwhile, as the reference does.

@@ -375,7 +375,21 @@ fn a_wrong_redis_password_is_an_error_that_says_what_to_check() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_reset_clears_the_counter_in_redis_and_the_local_deny_cache_at_once() {
-    let server = start_on(StoreKind::Redis, &[("faults.yaml", LIMITS)]).await;
+    let server = start_with(
+        &[("faults.yaml", LIMITS)],
+        Setup {
+            store: StoreKind::Redis,
+            options: Options {
+                admin_writes: tollgate::admin::writes::AdminWrites {
+                    mode: tollgate::admin::writes::WritesMode::On,
+                    token: None,
+                },
+                ..Options::default()
+            },
+            ..Setup::default()
+        },
+    )
+    .await;
     for _ in 0..10 {
         server.ok(user("a")).await;
     }
@@ -496,6 +510,8 @@ async fn a_key_prefix_goes_before_every_redis_key_and_metrics_get_their_own_port
             &format!("127.0.0.1:{metrics_port}"),
             "--metrics-path",
             "/stats/prometheus",
+            "--admin-writes",
+            "on",
         ],
     );
     replica.wait_ready().await;

@@ -1,0 +1,270 @@
+//! envoyproxy/ratelimit's stats, read off tollgate's own series: the statsd names its stats
+//! store gives them, and the Prometheus series its Prometheus sink turns those names into
+//! (through its default statsd_exporter mapping). Both are totals taken from the OpenMetrics
+//! text of `/metrics`, so nothing is counted twice.
+//!
+//! | tollgate series | reference stat |
+//! |---|---|
+//! | `tollgate_total_hits_total{limit="PATH"}` (and `over_limit`, `near_limit`, `within_limit`, `shadow_mode`) | `ratelimit.service.rate_limit.PATH.total_hits` (…) |
+//! | `tollgate_requests_total` (every code) | `ratelimit_server.ShouldRateLimit.total_requests` |
+//! | `tollgate_config_reloads_total{result="success"}`, plus the load at start | `ratelimit.service.config_load_success` |
+//! | `tollgate_config_reloads_total{result="error"}` | `ratelimit.service.config_load_error` |
+//! | `tollgate_store_errors_total` (every kind) | `ratelimit.service.call.should_rate_limit.redis_error` |
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+/// The counters kept per limit, by their last name component.
+const PER_LIMIT: [&str; 5] = [
+    "total_hits",
+    "over_limit",
+    "near_limit",
+    "within_limit",
+    "shadow_mode",
+];
+const RATE_LIMIT: &str = "ratelimit.service.rate_limit.";
+const CONFIG_LOAD_SUCCESS: &str = "ratelimit.service.config_load_success";
+const CONFIG_LOAD_ERROR: &str = "ratelimit.service.config_load_error";
+const REDIS_ERROR: &str = "ratelimit.service.call.should_rate_limit.redis_error";
+const TOTAL_REQUESTS: &str = "ratelimit_server.ShouldRateLimit.total_requests";
+
+/// Each reference stat's total, by statsd name. The load at start counts as a successful
+/// config load, as the reference counts it.
+pub fn stat_totals(exposition: &str) -> BTreeMap<String, u64> {
+    let mut totals: BTreeMap<String, u64> = BTreeMap::new();
+    totals.insert(CONFIG_LOAD_SUCCESS.into(), 1);
+    for line in exposition.lines().filter(|line| !line.starts_with('#')) {
+        let Some((name, labels, value)) = sample(line) else {
+            continue;
+        };
+        let Some(stat) = stat_name(name, &labels) else {
+            continue;
+        };
+        // Counters are whole numbers; a float here would be a gauge, which is not mapped.
+        *totals.entry(stat).or_default() += value as u64;
+    }
+    totals
+}
+
+/// The reference's Prometheus series for the same totals, as OpenMetrics families (type
+/// `unknown`, so that their samples keep the reference's names, which have no `_total`).
+pub fn prometheus(exposition: &str) -> String {
+    let mut families: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+    for (stat, total) in stat_totals(exposition) {
+        let (name, labels) = series(&stat);
+        families.entry(name).or_default().push((labels, total));
+    }
+    let mut out = String::new();
+    for (name, samples) in families {
+        let _ = writeln!(out, "# TYPE {name} unknown");
+        for (labels, total) in samples {
+            let _ = writeln!(out, "{name}{labels} {total}");
+        }
+    }
+    out
+}
+
+/// The series the reference's default mapping gives a stat: its name and its labels as
+/// written in the exposition (`{key="value",…}`, or nothing).
+fn series(stat: &str) -> (String, String) {
+    let labelled = |name: &str, labels: &[(&str, &str)]| {
+        let labels: Vec<String> = labels
+            .iter()
+            .map(|(key, value)| format!("{key}=\"{}\"", escape_label(value)))
+            .collect();
+        (name.to_owned(), format!("{{{}}}", labels.join(",")))
+    };
+    if let Some(rest) = stat.strip_prefix(RATE_LIMIT)
+        && let Some((path, counter)) = rest.rsplit_once('.')
+    {
+        let name = format!("ratelimit_service_rate_limit_{counter}");
+        let parts: Vec<&str> = path.split('.').collect();
+        match parts.as_slice() {
+            // The glob `ratelimit.service.rate_limit.*.*.COUNTER`.
+            [domain, key1] => return labelled(&name, &[("domain", domain), ("key1", key1)]),
+            // The regex `…rate_limit\.(.*)\.(.*)\.(.*)(\..*)\.COUNTER`: four parts or more,
+            // the first group greedy, so a deeper path's extra parts go to the domain.
+            [.., key1, key2, _] if parts.len() >= 4 => {
+                let domain = parts[..parts.len() - 3].join(".");
+                return labelled(
+                    &name,
+                    &[("domain", &domain), ("key1", key1), ("key2", key2)],
+                );
+            }
+            // Three parts match no rule: the name is escaped as it is.
+            _ => return (escape_name(stat), String::new()),
+        }
+    }
+    match stat {
+        REDIS_ERROR => labelled(
+            "ratelimit_service_should_rate_limit_error",
+            &[("err_type", "redis_error")],
+        ),
+        TOTAL_REQUESTS => labelled(
+            "ratelimit_service_total_requests",
+            &[("grpc_method", "ShouldRateLimit")],
+        ),
+        CONFIG_LOAD_SUCCESS => (
+            "ratelimit_service_config_load_success".into(),
+            String::new(),
+        ),
+        CONFIG_LOAD_ERROR => ("ratelimit_service_config_load_error".into(), String::new()),
+        other => (escape_name(other), String::new()),
+    }
+}
+
+/// statsd_exporter's name for a stat no rule maps: every character outside `[a-zA-Z0-9_]`
+/// becomes `_`, and a leading digit gets a `_` before it.
+fn escape_name(stat: &str) -> String {
+    let mut name: String = stat
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    if name.starts_with(|c: char| c.is_ascii_digit()) {
+        name.insert(0, '_');
+    }
+    name
+}
+
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// The reference's name for one tollgate series, if it has one.
+fn stat_name(metric: &str, labels: &Labels) -> Option<String> {
+    let label = |name: &str| {
+        labels
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    };
+    let counter = metric.strip_prefix("tollgate_")?.strip_suffix("_total")?;
+    if PER_LIMIT.contains(&counter) {
+        let path = sanitize(label("limit")?);
+        return Some(format!("{RATE_LIMIT}{path}.{counter}"));
+    }
+    Some(match (counter, label("result")) {
+        ("requests", _) => TOTAL_REQUESTS.into(),
+        ("config_reloads", Some("success")) => CONFIG_LOAD_SUCCESS.into(),
+        ("config_reloads", Some("error")) => CONFIG_LOAD_ERROR.into(),
+        ("store_errors", _) => REDIS_ERROR.into(),
+        _ => return None,
+    })
+}
+
+/// A statsd name holds no `:`, `|`, `@` or `#` (they delimit the line); as the reference,
+/// they become `_`.
+fn sanitize(path: &str) -> String {
+    path.chars()
+        .map(|c| {
+            if matches!(c, ':' | '|' | '@' | '#' | '\n') {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// A series' labels, unescaped.
+type Labels = Vec<(String, String)>;
+
+/// `name{key="value",…} number`: the name, the labels and the value.
+fn sample(line: &str) -> Option<(&str, Labels, f64)> {
+    let (series, value) = line.rsplit_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let Some((name, rest)) = series.split_once('{') else {
+        return Some((series, Vec::new(), value));
+    };
+    let mut labels = Vec::new();
+    let mut chars = rest.chars();
+    loop {
+        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
+        let key = key.trim_start_matches(',').to_owned();
+        if key.is_empty() || key == "}" || chars.next() != Some('"') {
+            break;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => break,
+                },
+                '"' => break,
+                c => value.push(c),
+            }
+        }
+        labels.push((key, value));
+    }
+    Some((name, labels, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_limit_counters_take_the_reference_names_and_labels_are_unescaped() {
+        let text = "# TYPE tollgate_total_hits counter\n\
+            tollgate_total_hits_total{domain=\"d\",limit=\"d.user_a\\\"b\"} 7\n\
+            tollgate_over_limit_total{domain=\"d\",limit=\"d.k:v|x\"} 2\n\
+            tollgate_requests_total{code=\"OK\"} 5\n\
+            tollgate_requests_total{code=\"UNAVAILABLE\"} 1\n\
+            tollgate_config_reloads_total{result=\"error\"} 1\n\
+            tollgate_store_up 1\n";
+        let totals = stat_totals(text);
+        let expected: BTreeMap<String, u64> = [
+            ("ratelimit.service.rate_limit.d.user_a\"b.total_hits", 7),
+            ("ratelimit.service.rate_limit.d.k_v_x.over_limit", 2),
+            ("ratelimit_server.ShouldRateLimit.total_requests", 6),
+            ("ratelimit.service.config_load_error", 1),
+            ("ratelimit.service.config_load_success", 1),
+        ]
+        .into_iter()
+        .map(|(name, total)| (name.to_owned(), total))
+        .collect();
+        assert_eq!(totals, expected);
+    }
+
+    #[test]
+    fn prometheus_series_follow_the_reference_default_mapping() {
+        let series = |stat: &str| {
+            let (name, labels) = super::series(stat);
+            format!("{name}{labels}")
+        };
+        assert_eq!(
+            series("ratelimit.service.rate_limit.edge.user_alice.near_limit"),
+            "ratelimit_service_rate_limit_near_limit{domain=\"edge\",key1=\"user_alice\"}"
+        );
+        // Three parts: no rule matches, the name is escaped.
+        assert_eq!(
+            series("ratelimit.service.rate_limit.edge.route_a.user.total_hits"),
+            "ratelimit_service_rate_limit_edge_route_a_user_total_hits"
+        );
+        assert_eq!(
+            series("ratelimit.service.rate_limit.edge.a.b.c.total_hits"),
+            "ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"a\",key2=\"b\"}"
+        );
+        assert_eq!(
+            series("ratelimit.service.rate_limit.edge.x.a.b.c.over_limit"),
+            "ratelimit_service_rate_limit_over_limit{domain=\"edge.x\",key1=\"a\",key2=\"b\"}"
+        );
+        assert_eq!(
+            series("ratelimit.service.call.should_rate_limit.redis_error"),
+            "ratelimit_service_should_rate_limit_error{err_type=\"redis_error\"}"
+        );
+        assert_eq!(
+            series("ratelimit_server.ShouldRateLimit.total_requests"),
+            "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"}"
+        );
+        assert_eq!(
+            series("ratelimit.service.config_load_success"),
+            "ratelimit_service_config_load_success"
+        );
+    }
+}

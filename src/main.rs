@@ -129,7 +129,7 @@ fn reference_error(error: &clap::Error, translation: &Translation) -> ExitCode {
 async fn run(cli: Cli, translation: Option<&Translation>) -> anyhow::Result<ExitCode> {
     let _telemetry = telemetry::init(&cli.log_level, cli.log_format, &cli.trace())?;
     if let Some(translation) = translation {
-        tracing::info!(flags = %translation.shown(), "read envoyproxy/ratelimit's environment");
+        tracing::info!(target: telemetry::STARTUP, flags = %translation.shown(), "read envoyproxy/ratelimit's environment");
         for (variable, why) in &translation.ignored {
             tracing::warn!(variable = %variable, "ignored: {why}");
         }

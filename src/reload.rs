@@ -231,10 +231,20 @@ impl Reloader {
     fn apply(&self, loaded: Result<RuleSet, config::ConfigErrors>, catching_up: bool) {
         match loaded {
             Ok(rules) => {
+                let names = |rules: &RuleSet| -> std::collections::BTreeSet<String> {
+                    rules.domains().iter().map(|d| d.name.clone()).collect()
+                };
+                let (before, after) = (names(&self.rules.load()), names(&rules));
                 self.rules.store(Arc::new(rules));
                 self.status.set(None);
+                // A domain that goes away lifts every limit in it: name it, whatever the level.
+                let removed: Vec<&String> = before.difference(&after).collect();
+                if !removed.is_empty() {
+                    tracing::warn!(dir = %self.dir.display(), removed = ?removed, "domains removed by the reload: their requests are now unlimited");
+                }
                 if !catching_up {
-                    tracing::info!(dir = %self.dir.display(), domains = self.rules.load().domains().len(), "config reloaded");
+                    let added: Vec<&String> = after.difference(&before).collect();
+                    tracing::info!(dir = %self.dir.display(), domains = after.len(), added = ?added, "config reloaded");
                     self.count("success");
                 }
             }

@@ -116,6 +116,33 @@ impl Drop for Telemetry {
     }
 }
 
+/// The target of the start-up lines, logged at every level: what runs, where, from what.
+pub const STARTUP: &str = "tollgate::startup";
+
+/// The libraries that carry the bytes (HTTP/2 frames, connections): their debug lines would
+/// drown tollgate's own, so they speak at debug only when trace is asked for.
+const TRANSPORT: [&str; 6] = ["h2", "hyper", "hyper_util", "tower", "tonic", "rustls"];
+
+/// `--log-level` as filter directives: the level for tollgate, the transport libraries one
+/// step quieter at debug, and the start-up lines always. A level with its own directives
+/// (`info,h2=debug`) is taken as written, plus the start-up lines.
+fn directives(log_level: &str) -> String {
+    let level = log_level.trim().to_ascii_lowercase();
+    let mut out = vec![level.clone()];
+    if !level.contains(['=', ',']) {
+        let transport = match level.as_str() {
+            "trace" => "trace",
+            "debug" => "info",
+            other => other,
+        };
+        out.extend(TRANSPORT.map(|target| format!("{target}={transport}")));
+    }
+    if !matches!(level.as_str(), "info" | "debug" | "trace" | "off") {
+        out.push(format!("{STARTUP}=info"));
+    }
+    out.join(",")
+}
+
 /// Installs the global subscriber. Must run inside the tokio runtime when traces are
 /// exported (the OTLP exporter is a tonic client).
 pub fn init(
@@ -125,7 +152,7 @@ pub fn init(
 ) -> Result<Telemetry, TelemetryError> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => EnvFilter::try_new(directives)?,
-        _ => EnvFilter::try_new(log_level)?,
+        _ => EnvFilter::try_new(directives(log_level))?,
     };
     let endpoint_set = [
         "OTEL_EXPORTER_OTLP_ENDPOINT",

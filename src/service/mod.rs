@@ -134,6 +134,8 @@ impl pb::RateLimitService for RlsService {
         let request = request.into_inner();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
+        // One line per decision at debug, built only when someone reads it.
+        let shown = tracing::enabled!(tracing::Level::DEBUG).then(|| show_request(&request));
         let started = Instant::now();
         let answer = self
             .answer(request, deadline)
@@ -146,10 +148,55 @@ impl pb::RateLimitService for RlsService {
             Err(status) => status.code(),
         };
         self.metrics.service.count_request(code);
+        if let Some(shown) = shown {
+            match &answer {
+                Ok(response) => {
+                    tracing::debug!(request = %shown, outcome = %show_outcome(response), "decision")
+                }
+                Err(status) => {
+                    tracing::debug!(request = %shown, error = %status.message(), "no decision")
+                }
+            }
+        }
         let response = answer?;
         span.record("code", response.overall_code);
         Ok(Response::new(response))
     }
+}
+
+/// `domain [k=v,k=v] [k=v]`: a request as a log line shows it.
+fn show_request(request: &pb::RateLimitRequest) -> String {
+    let mut out = request.domain.clone();
+    for descriptor in &request.descriptors {
+        let entries: Vec<String> = descriptor
+            .entries
+            .iter()
+            .map(|entry| format!("{}={}", entry.key, entry.value))
+            .collect();
+        out.push_str(&format!(" [{}]", entries.join(",")));
+    }
+    out
+}
+
+/// `OVER_LIMIT: OK 4/5, OVER_LIMIT 0/10`: the overall code, then each descriptor's code and
+/// remaining/limit (`OK` alone where no limit matched).
+fn show_outcome(response: &pb::RateLimitResponse) -> String {
+    use pb::rate_limit_response::Code;
+    let name = |code: i32| Code::try_from(code).map_or("UNKNOWN", |code| code.as_str_name());
+    let statuses: Vec<String> = response
+        .statuses
+        .iter()
+        .map(|status| match &status.current_limit {
+            Some(limit) => format!(
+                "{} {}/{}",
+                name(status.code),
+                status.limit_remaining,
+                limit.requests_per_unit
+            ),
+            None => name(status.code).to_owned(),
+        })
+        .collect();
+    format!("{}: {}", name(response.overall_code), statuses.join(", "))
 }
 
 /// Why a call failed.

@@ -336,14 +336,14 @@ fn log_format_json_writes_one_json_object_per_line() {
     let line = first_log_line(&["--log-format", "json"]);
     let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(entry["level"], "INFO", "{line}");
-    assert_eq!(entry["fields"]["message"], "listening", "{line}");
+    assert_eq!(entry["fields"]["message"], "tollgate listening", "{line}");
 }
 
 #[test]
 fn text_logs_to_a_pipe_carry_no_colour_codes() {
     let line = first_log_line(&[]);
     assert!(
-        line.contains(" INFO ") && line.contains("listening"),
+        line.contains(" INFO ") && line.contains("tollgate listening"),
         "{line:?}"
     );
     assert!(!line.contains('\x1b'), "{line:?}");

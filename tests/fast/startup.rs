@@ -274,3 +274,101 @@ fn help_shows_defaults_as_they_are_typed_and_only_each_command_s_flags() {
         assert!(!help.contains("--trace"), "{command} --help:\n{help}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_logs_one_line_per_decision_and_no_transport_frames() {
+    let dir = config_dir(&[("edge.yaml", VALID)]);
+    let log = dir.path().join("serve.log");
+    let replica = Replica::spawn_logged(dir.path(), &["--log-level", "debug"], &log);
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    for _ in 0..4 {
+        client
+            .should_rate_limit(request("edge", &[&[("user", "alice")]]))
+            .await
+            .unwrap();
+    }
+    replica.terminate().await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let decisions: Vec<&str> = text.lines().filter(|l| l.contains(" decision ")).collect();
+    assert_eq!(decisions.len(), 4, "{text}");
+    assert!(
+        decisions[0].contains("request=edge [user=alice] outcome=OK: OK 2/3"),
+        "{}",
+        decisions[0]
+    );
+    assert!(
+        decisions[3].contains("outcome=OVER_LIMIT: OVER_LIMIT 0/3"),
+        "{}",
+        decisions[3]
+    );
+    for target in [" h2::", " hyper::", " hyper_util::", " tower::"] {
+        assert!(!text.contains(target), "{target} at debug:\n{text}");
+    }
+}
+
+#[test]
+fn the_start_up_line_is_logged_at_every_level() {
+    use std::io::BufRead;
+    let mut child = tollgate_bin()
+        .args([
+            "serve",
+            "--config",
+            "examples/config",
+            "--log-level",
+            "warn",
+        ])
+        .args(["--grpc-addr", &format!("127.0.0.1:{}", free_port())])
+        .args(["--http-addr", &format!("127.0.0.1:{}", free_port())])
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    for part in [
+        "tollgate listening",
+        &format!("version={}", env!("CARGO_PKG_VERSION")),
+        "config=examples/config",
+        "grpc=127.0.0.1:",
+        "store=memory",
+    ] {
+        assert!(line.contains(part), "{part} in {line:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_domain_names_it() {
+    let dir = config_dir(&[
+        ("edge.yaml", VALID),
+        (
+            "api.yaml",
+            "domain: api\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n",
+        ),
+    ]);
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let replica = Replica::spawn_logged(dir.path(), &["--log-level", "warn"], log.path());
+    replica.wait_ready().await;
+    std::fs::remove_file(dir.path().join("api.yaml")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let line = loop {
+        let text = std::fs::read_to_string(log.path()).unwrap();
+        if let Some(line) = text.lines().find(|line| line.contains("domains removed")) {
+            break line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line names the removed domain:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        line.contains(" WARN ") && line.contains("removed=[\"api\"]"),
+        "{line}"
+    );
+    replica.terminate().await;
+}

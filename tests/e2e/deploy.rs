@@ -1,8 +1,9 @@
 //! deploy/ is tested, not just written: every Kubernetes manifest passes kubernetes-validate
 //! (strict, pinned Kubernetes version), each kustomization lists exactly its directory's
 //! manifests, the limits inside the ConfigMaps pass `tollgate check` (extracted here, not
-//! copied), the sidecar's Envoy config passes `envoy --mode validate`, and the Dockerfile
-//! passes hadolint. The tools come from .venv (scripts/test installs them).
+//! copied), the sidecar's Envoy config passes `envoy --mode validate`, the Dockerfile passes
+//! hadolint, and the release workflow is a valid GitHub workflow. The tools come from .venv
+//! (scripts/test installs them).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -210,6 +211,27 @@ fn the_sidecar_envoy_config_passes_envoy_validate() {
         "-c",
         "deploy/envoy/envoy.yaml",
     ]));
+}
+
+#[test]
+fn the_release_workflow_is_a_valid_github_workflow() {
+    // actionlint's PyPI package fetches its binary from GitHub when installed; the schema
+    // check needs no network once installed.
+    run(Command::new(tool("check-jsonschema")).args([
+        "--builtin-schema",
+        "vendor.github-workflows",
+        ".github/workflows/release.yml",
+    ]));
+    let workflow = std::fs::read_to_string(".github/workflows/release.yml").unwrap();
+    // The image is the Dockerfile's, for both architectures, on a version tag.
+    for part in [
+        "tags: [\"v*\"]",
+        "file: deploy/docker/Dockerfile",
+        "platforms: linux/amd64,linux/arm64",
+        "cargo build --release --locked --bin tollgate",
+    ] {
+        assert!(workflow.contains(part), "{part}");
+    }
 }
 
 #[test]

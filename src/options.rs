@@ -74,6 +74,35 @@ pub fn listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("{host:?} is not an address or a name of this host"))
 }
 
+/// `url` with its user information and any password parameter replaced by `<redacted>`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("<redacted>{}", &rest[at..]),
+        None => rest.to_owned(),
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((key, _)) if key.contains("pass") => format!("{key}=<redacted>"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    let scheme = if scheme.is_empty() {
+        String::new()
+    } else {
+        format!("{scheme}://")
+    };
+    if query.is_empty() {
+        format!("{scheme}{rest}")
+    } else {
+        format!("{scheme}{rest}?{}", query.join("&"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,38 +73,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .metrics
             .metrics_addr
             .map_or_else(|| "with http".to_owned(), |addr| addr.to_string()),
-        store = %without_secrets(&args.store.url),
+        store = %crate::options::redact_url(&args.store.url),
         "tollgate listening"
     );
     server::run(rules, store, options, listeners, shutdown::signal()).await?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// A store URL fit for a log: its user information and any password parameter hidden.
-fn without_secrets(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let rest = match rest.rsplit_once('@') {
-        Some((_, host)) => format!("***@{host}"),
-        None => rest.to_owned(),
-    };
-    let (place, query) = rest.split_once('?').unwrap_or((rest.as_str(), ""));
-    let query: Vec<String> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.ends_with("pass") => format!("{key}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    let scheme = if scheme.is_empty() {
-        String::new()
-    } else {
-        format!("{scheme}://")
-    };
-    match query.is_empty() {
-        true => format!("{scheme}{place}"),
-        false => format!("{scheme}{place}?{}", query.join("&")),
-    }
 }
 
 /// The rules in the files at start; with --wait-for-valid-config, rules that do not load
@@ -230,26 +203,4 @@ async fn health(args: HealthArgs) -> anyhow::Result<ExitCode> {
             ExitCode::from(2)
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_secrets;
-
-    #[test]
-    fn store_urls_are_logged_without_their_secrets() {
-        assert_eq!(without_secrets("memory"), "memory");
-        assert_eq!(
-            without_secrets("redis://user:secret@redis:6379/2"),
-            "redis://***@redis:6379/2"
-        );
-        assert_eq!(
-            without_secrets("unix:///run/redis.sock?db=1&pass=secret"),
-            "unix:///run/redis.sock?db=1&pass=***"
-        );
-        assert_eq!(
-            without_secrets("redis-sentinel://:pw@a:1,b:2/main?sentinel_pass=x&sentinel_user=u"),
-            "redis-sentinel://***@a:1,b:2/main?sentinel_pass=***&sentinel_user=u"
-        );
-    }
 }

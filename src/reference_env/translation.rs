@@ -38,7 +38,9 @@ impl Translation {
         let mut previous = "";
         for arg in &self.args {
             shown.push(match previous {
-                "--store" | "--store-per-second" | "--config-xds" => redact_url(arg),
+                "--store" | "--store-per-second" | "--config-xds" => {
+                    crate::options::redact_url(arg)
+                }
                 "--xds-header" => match arg.split_once('=') {
                     Some((name, _)) => format!("{name}=<redacted>"),
                     None => "<redacted>".into(),
@@ -56,34 +58,5 @@ impl Translation {
             .iter()
             .find(|(from, _)| from == flag)
             .map(|(_, variable)| variable.as_str())
-    }
-}
-
-/// `url` with its user information and any password parameter replaced by `<redacted>`.
-fn redact_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
-        Some(at) => format!("<redacted>{}", &rest[at..]),
-        None => rest.to_owned(),
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty())
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if key.contains("pass") => format!("{key}=<redacted>"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    let scheme = if scheme.is_empty() {
-        String::new()
-    } else {
-        format!("{scheme}://")
-    };
-    if query.is_empty() {
-        format!("{scheme}{rest}")
-    } else {
-        format!("{scheme}{rest}?{}", query.join("&"))
     }
 }

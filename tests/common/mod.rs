@@ -749,3 +749,24 @@ pub async fn receive_statsd_tcp(
     }
     totals
 }
+
+/// `tollgate serve --env reference --store memory` with only the reference's variables: the
+/// listeners on loopback `grpc` and `http`, the rules under `root/ratelimit/config` (as
+/// RUNTIME_ROOT and RUNTIME_SUBDIRECTORY say), and `env`. Does not wait.
+pub fn spawn_reference(root: &Path, grpc: u16, http: u16, env: &[(&str, String)]) -> ChildGuard {
+    let child = tollgate_bin()
+        .args(["serve", "--env", "reference", "--store", "memory"])
+        .env_clear()
+        .env("HOST", "127.0.0.1")
+        .env("PORT", http.to_string())
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("RUNTIME_ROOT", root)
+        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+        .envs(env.iter().map(|(name, value)| (name, value)))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn tollgate serve --env reference");
+    ChildGuard(child)
+}

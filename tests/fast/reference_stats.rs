@@ -8,7 +8,6 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -35,21 +34,7 @@ async fn play(env: &[(&str, String)]) -> (ChildGuard, std::net::SocketAddr, temp
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("edge.yaml"), RULES).unwrap();
     let (grpc, http) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--env", "reference", "--store", "memory"])
-        .env_clear()
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http.to_string())
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("RUNTIME_ROOT", root.path())
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .envs(env.iter().map(|(name, value)| (name, value)))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let process = ChildGuard(child);
+    let process = spawn_reference(root.path(), grpc, http, env);
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], http));
     let deadline = Instant::now() + Duration::from_secs(60);
     while readyz_status(admin).await != Some(200) {

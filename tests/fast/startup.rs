@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -139,22 +139,15 @@ async fn reference_mode_with_rules_that_do_not_load_waits_not_ready_and_heals() 
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("edge"), BROKEN).unwrap();
     let (grpc, http) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["serve", "--env", "reference", "--store", "memory"])
-        .env_clear()
-        .env("HOST", "127.0.0.1")
-        .env("PORT", http.to_string())
-        .env("GRPC_HOST", "127.0.0.1")
-        .env("GRPC_PORT", grpc.to_string())
-        .env("RUNTIME_ROOT", root.path())
-        .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-        .env("RUNTIME_WATCH_ROOT", "false")
-        .env("USE_STATSD", "false")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _process = ChildGuard(child);
+    let _process = spawn_reference(
+        root.path(),
+        grpc,
+        http,
+        &[
+            ("RUNTIME_WATCH_ROOT", "false".into()),
+            ("USE_STATSD", "false".into()),
+        ],
+    );
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], http));
     let deadline = Instant::now() + Duration::from_secs(60);
     while tokio::net::TcpStream::connect(admin).await.is_err() {

@@ -47,7 +47,7 @@ pub struct StoreOptions {
     pub key_prefix: String,
 
     /// File holding the Redis password (overrides one in the URL); a trailing newline is
-    /// ignored.
+    /// ignored, an empty file means no password.
     #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<PathBuf>,
 
@@ -230,14 +230,17 @@ impl StoreOptions {
     }
 
     /// The password in --redis-password-file (for --store; a --store-per-second URL carries
-    /// its own).
+    /// its own). An empty file means no password: a Kubernetes Secret mounted for a Redis
+    /// that has none.
     fn redis_password(&self) -> Result<Option<String>, StoreSpecError> {
         let Some(path) = &self.redis_password_file else {
             return Ok(None);
         };
         let text = read("--redis-password-file", path)?;
-        let text = String::from_utf8_lossy(&text);
-        Ok(Some(text.trim_end_matches(['\r', '\n']).to_owned()))
+        let password = String::from_utf8_lossy(&text)
+            .trim_end_matches(['\r', '\n'])
+            .to_owned();
+        Ok(Some(password).filter(|password| !password.is_empty()))
     }
 }
 
@@ -293,5 +296,24 @@ mod tests {
             ..StoreOptions::default()
         };
         assert!(!format!("{options:?}").contains("secret"));
+    }
+
+    #[test]
+    fn a_password_file_gives_its_first_line_and_an_empty_one_no_password() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = |text: &str| {
+            let path = dir.path().join("password");
+            std::fs::write(&path, text).unwrap();
+            StoreOptions {
+                redis_password_file: Some(path),
+                ..StoreOptions::default()
+            }
+        };
+        assert_eq!(
+            options("s3cret\n").redis_password().unwrap(),
+            Some("s3cret".to_owned())
+        );
+        assert_eq!(options("").redis_password().unwrap(), None);
+        assert_eq!(options("\n").redis_password().unwrap(), None);
     }
 }

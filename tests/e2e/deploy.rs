@@ -86,11 +86,12 @@ fn every_manifest_passes_kubernetes_validate() {
 #[test]
 fn every_kustomization_renders_and_what_it_renders_validates() {
     let dir = tempfile::tempdir().unwrap();
-    let kustomizations = ["base", "overlays/try-it", "sidecar", "monitoring"];
-    for name in kustomizations {
+    for name in KUSTOMIZATIONS {
         let rendered = run(Command::new("kubectl")
             .args(["kustomize"])
             .arg(Path::new("deploy/k8s").join(name)));
+        // Nothing deprecated (kustomize warns on stderr, e.g. for patchesStrategicMerge).
+        assert_eq!(String::from_utf8_lossy(&rendered.stderr), "", "{name}");
         let file = dir.path().join(format!("{}.yaml", name.replace('/', "-")));
         std::fs::write(&file, &rendered.stdout).unwrap();
         let text = String::from_utf8_lossy(&rendered.stdout).into_owned();
@@ -114,6 +115,159 @@ fn every_kustomization_renders_and_what_it_renders_validates() {
         "the overlay's own Redis"
     );
     assert!(try_it.contains("kind: StatefulSet"));
+    assert!(
+        try_it.contains("image: tollgate:try-it"),
+        "the image docs/kind.md loads"
+    );
+}
+
+const KUSTOMIZATIONS: [&str; 4] = ["base", "overlays/try-it", "sidecar", "monitoring"];
+
+/// The resources `kubectl kustomize` renders for one kustomization.
+fn render(name: &str) -> Vec<Value> {
+    let rendered = run(Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(Path::new("deploy/k8s").join(name)));
+    let text = String::from_utf8(rendered.stdout).unwrap();
+    text.split("\n---\n")
+        .map(|document| serde_saphyr::from_str(document).unwrap())
+        .collect()
+}
+
+fn find<'a>(resources: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    resources
+        .iter()
+        .find(|r| r["kind"] == kind && r["metadata"]["name"] == name)
+}
+
+#[test]
+fn the_autoscaler_alone_owns_the_replica_count_and_try_it_runs_one_pod() {
+    // Wherever an autoscaler scales the Deployment, the Deployment names no count: an apply
+    // would reset the autoscaler's.
+    for name in KUSTOMIZATIONS {
+        let resources = render(name);
+        for autoscaler in resources
+            .iter()
+            .filter(|r| r["kind"] == "HorizontalPodAutoscaler")
+        {
+            let target = &autoscaler["spec"]["scaleTargetRef"];
+            let deployment = find(&resources, "Deployment", target["name"].as_str().unwrap())
+                .unwrap_or_else(|| panic!("{name}: the autoscaler's target is not rendered"));
+            assert_eq!(deployment["spec"]["replicas"], Value::Null, "{name}");
+        }
+    }
+    assert!(find(&render("base"), "HorizontalPodAutoscaler", "tollgate").is_some());
+
+    let try_it = render("overlays/try-it");
+    assert_eq!(find(&try_it, "HorizontalPodAutoscaler", "tollgate"), None);
+    assert_eq!(find(&try_it, "PodDisruptionBudget", "tollgate"), None);
+    let deployment = find(&try_it, "Deployment", "tollgate").unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 1);
+}
+
+/// The volume a container mounts at the directory of `file`, and the file's name in it.
+fn mounted<'a>(pod: &'a Value, container: &Value, file: &str) -> (&'a Value, String) {
+    let (dir, name) = file.rsplit_once('/').unwrap();
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == dir)
+        .unwrap_or_else(|| panic!("nothing mounted at {dir}"));
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    (volume, name.to_owned())
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> &'a Value {
+    container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+#[test]
+fn the_redis_password_reaches_tollgate_from_a_secret() {
+    // (overlay, the Secret's name, whether the overlay generates it)
+    for (name, secret, generated) in [
+        ("base", "redis-cluster", false),
+        ("overlays/try-it", "redis-", true),
+    ] {
+        let resources = render(name);
+        let pod = &find(&resources, "Deployment", "tollgate").unwrap()["spec"]["template"]["spec"];
+        let tollgate = &pod["containers"][0];
+        let file = env(tollgate, "TOLLGATE_REDIS_PASSWORD_FILE")["value"]
+            .as_str()
+            .unwrap();
+        let (volume, file_name) = mounted(pod, tollgate, file);
+        let secret_name = volume["secret"]["secretName"].as_str().unwrap();
+        assert!(secret_name.starts_with(secret), "{name}: {secret_name}");
+        let item = &volume["secret"]["items"][0];
+        assert_eq!(
+            (item["key"].as_str(), item["path"].as_str()),
+            (Some("redis-password"), Some(file_name.as_str())),
+            "{name}"
+        );
+        if generated {
+            // The overlay's Redis requires the very same Secret's password.
+            let secret = find(&resources, "Secret", secret_name).unwrap();
+            assert_eq!(secret["data"]["redis-password"], "dHJ5LWl0LW9ubHk=");
+            let redis = &find(&resources, "StatefulSet", "redis").unwrap()["spec"]["template"]["spec"]
+                ["containers"][0];
+            assert_eq!(
+                env(redis, "REDIS_PASSWORD")["valueFrom"]["secretKeyRef"]["name"],
+                secret_name
+            );
+            let args = redis["args"].as_array().unwrap();
+            assert!(
+                args.windows(2)
+                    .any(|pair| pair[0] == "--requirepass" && pair[1] == "$(REDIS_PASSWORD)")
+            );
+        }
+    }
+}
+
+#[test]
+fn replicas_spread_over_nodes_and_services_take_both_ip_families() {
+    let resources = render("base");
+    let pod = &find(&resources, "Deployment", "tollgate").unwrap()["spec"]["template"]["spec"];
+    let keys: Vec<&str> = pod["topologySpreadConstraints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["topologyKey"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    );
+    for service in resources.iter().filter(|r| r["kind"] == "Service") {
+        assert_eq!(service["spec"]["ipFamilyPolicy"], "PreferDualStack");
+    }
+}
+
+#[test]
+fn the_monitoring_objects_carry_the_release_label_set_in_one_place() {
+    let resources = render("monitoring");
+    assert_eq!(resources.len(), 2);
+    for resource in &resources {
+        assert_eq!(
+            resource["metadata"]["labels"]["release"], "kube-prometheus-stack",
+            "{}",
+            resource["kind"]
+        );
+    }
+    // Set in the kustomization only, not in each object.
+    for file in ["servicemonitor.yaml", "prometheusrule.yaml"] {
+        let text = std::fs::read_to_string(Path::new("deploy/k8s/monitoring").join(file)).unwrap();
+        assert!(!text.contains("release:"), "{file}");
+    }
 }
 
 #[test]
@@ -132,10 +286,17 @@ fn each_kustomization_lists_exactly_the_manifests_beside_it_one_kind_per_file() 
         let dir = kustomization.parent().unwrap();
         let kustomization_yaml = parse(&kustomization);
         // Other kustomizations (`../../base`) are not files beside it; patches are.
-        let patches = kustomization_yaml["patchesStrategicMerge"]
+        assert_eq!(
+            kustomization_yaml["patchesStrategicMerge"],
+            Value::Null,
+            "deprecated"
+        );
+        let patches: Vec<Value> = kustomization_yaml["patches"]
             .as_array()
-            .cloned()
-            .unwrap_or_default();
+            .into_iter()
+            .flatten()
+            .map(|patch| patch["path"].clone())
+            .collect();
         let mut listed: Vec<String> = kustomization_yaml["resources"]
             .as_array()
             .unwrap()

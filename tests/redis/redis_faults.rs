@@ -373,6 +373,34 @@ fn a_wrong_redis_password_is_an_error_that_says_what_to_check() {
     );
 }
 
+/// The Kubernetes manifests mount the Redis password from a Secret as a file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_from_a_file_authenticates_to_redis() {
+    let redis = common::redis_process::RedisServer::start();
+    redis.query(&["CONFIG", "SET", "requirepass", "from-a-secret"]);
+    let config = config_dir(&[("faults.yaml", LIMITS)]);
+    let password = config.path().join("password");
+    std::fs::write(&password, "from-a-secret\n").unwrap();
+    let replica = common::Replica::spawn(
+        config.path(),
+        &[
+            "--store",
+            &redis.url(),
+            "--redis-password-file",
+            password.to_str().unwrap(),
+        ],
+    );
+    replica.wait_ready().await;
+    let mut client = replica.client().await;
+    let response = client
+        .should_rate_limit(user("a"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.statuses[0].limit_remaining, 9);
+    replica.terminate().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_reset_clears_the_counter_in_redis_and_the_local_deny_cache_at_once() {
     let server = start_with(

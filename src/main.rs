@@ -75,7 +75,11 @@ fn reference_check(mut cli: Cli) -> Result<Cli, reference_env::EnvError> {
     {
         let vars = std::env::vars().collect();
         let (dir, load) = reference_env::rule_files(&vars)?;
-        args.config = args.config.take().or(args.path.take()).or(Some(dir));
+        args.config = args.config.take().or(args.path.take());
+        if args.config.is_none() {
+            args.config = Some(dir);
+            args.from_runtime_root = true;
+        }
         args.load = load;
     }
     Ok(cli)

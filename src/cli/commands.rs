@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::{CheckArgs, Command, EnvStyle, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
+use super::{CheckArgs, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
 use crate::bench::BenchArgs;
 use crate::bench::rlqs::QuotaBenchArgs;
 use crate::reload::RulesOptions;
@@ -119,11 +119,9 @@ fn check(args: &CheckArgs) -> ExitCode {
         }
     };
     if !dir.exists() {
-        let from = match args.env {
-            EnvStyle::Reference => {
-                " (from RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY)"
-            }
-            EnvStyle::Native => "",
+        let from = match args.from_runtime_root {
+            true => " (from RUNTIME_ROOT, RUNTIME_SUBDIRECTORY and RUNTIME_APPDIRECTORY)",
+            false => "",
         };
         eprintln!("Error: {}{from}: no such file or directory", dir.display());
         return ExitCode::from(2);

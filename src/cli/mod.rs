@@ -118,6 +118,11 @@ pub struct CheckArgs {
 
     #[command(flatten)]
     pub load: crate::config::LoadOptions,
+
+    /// Whether the directory is the one the reference's RUNTIME_* variables name (set by the
+    /// binary with `--env reference` when no PATH is given), for the error that it is missing.
+    #[arg(skip)]
+    pub from_runtime_root: bool,
 }
 
 /// Why `check` has nothing to check.

@@ -105,6 +105,19 @@ fn check_in_reference_mode_reads_every_file_under_the_runtime_root() {
         "{}",
         stderr(&output)
     );
+    // A directory named on the command line is not the RUNTIME_* variables'.
+    let missing = root.path().join("missing");
+    let output = tollgate_bin()
+        .args(["check", "--env", "reference"])
+        .arg(&missing)
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert_eq!(
+        stderr(&output),
+        format!("Error: {}: no such file or directory\n", missing.display())
+    );
 }
 
 #[test]

@@ -62,6 +62,7 @@ fn request(count: usize, user: usize) -> Request {
                 entries: vec![entry(&format!("k{}", 1 + j * 97), &format!("{user}-{j}"))],
                 hits: 1,
                 limit_override: None,
+                refund: false,
             })
             .collect(),
     }

@@ -68,6 +68,8 @@ pub struct Descriptor {
     /// request's, where 0 means 1.
     pub hits: u64,
     pub limit_override: Option<Limit>,
+    /// Envoy's `is_negative_hits`: `hits` are given back, not spent.
+    pub refund: bool,
 }
 
 /// A validated rate-limit request.
@@ -193,6 +195,7 @@ impl Descriptor {
             entries,
             hits,
             limit_override,
+            refund: descriptor.is_negative_hits,
         })
     }
 }
@@ -304,6 +307,7 @@ mod tests {
             entries: vec![entry("k", "v")],
             limit: None,
             hits_addend,
+            is_negative_hits: false,
         }
     }
 

@@ -12,7 +12,7 @@
 //!     ↓                    ↘ rules/matcher.rs: the reference's precedence, no backtracking
 //! storage/     CounterStore::apply(&[Hit]): all-or-nothing over a request's counters
 //!     ↓                    ↘ storage/keys.rs: injective, versioned, slot-safe counter keys
-//! algorithm/   pure functions: decide (state, now, limit, hits) → (state, outcome), give_back
+//! algorithm/   pure functions: decide (state, now, limit, hits) → (state, outcome), give_back, refund
 //! ```
 //!
 //! # Modules, by layer (each imports only from its own layer or lower ones)
@@ -71,7 +71,8 @@
 //!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
 //!   denials), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
 //!   `storage/stack.rs` (the store as served).
-//! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`, then one file per
+//! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`,
+//!   `algorithm/given_back.rs` (give_back and refund), then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.

@@ -251,7 +251,9 @@ impl RateLimiter {
                 (limits.as_slice(), Some(rule), role)
             }
         };
-        let role = if self.modes.global_shadow {
+        let role = if descriptor.refund {
+            Role::Refund
+        } else if self.modes.global_shadow {
             Role::Shadow
         } else {
             role

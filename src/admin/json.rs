@@ -28,6 +28,8 @@ struct JsonDescriptor {
     limit: Option<JsonOverride>,
     #[serde(default, alias = "hits_addend", rename = "hitsAddend")]
     hits_addend: Option<Number>,
+    #[serde(default, alias = "is_negative_hits", rename = "isNegativeHits")]
+    is_negative_hits: bool,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +132,7 @@ fn decode_descriptor(descriptor: JsonDescriptor) -> Result<pb::RateLimitDescript
             .hits_addend
             .map(|n| n.get("hitsAddend"))
             .transpose()?,
+        is_negative_hits: descriptor.is_negative_hits,
     })
 }
 

@@ -1,7 +1,7 @@
 //! Counting algorithms: each is data (from the config) plus pure functions of (stored state,
-//! now, limit, hits): `decide` → (new state, outcome), and `give_back` → the state with
-//! consumed hits returned (a refund, when another part of a vetoed request was counted
-//! elsewhere). Stores call them; nothing here reads a clock or touches storage, so every
+//! now, limit, hits): `decide` → (new state, outcome); `give_back` → the state with consumed
+//! hits returned (when another part of a vetoed request was counted elsewhere) and `refund`
+//! → the hits a client gives back (both in `given_back.rs`). Stores call them; nothing here reads a clock or touches storage, so every
 //! algorithm is tested with explicit instants. Each Redis Lua port
 //! (`storage/redis/lua/<name>.lua`) has the same two functions under the same names.
 //!
@@ -23,6 +23,7 @@
 
 pub mod fixed_window;
 pub mod gcra;
+pub mod given_back;
 pub mod outcome;
 pub mod parameter;
 pub mod sliding_log;
@@ -358,60 +359,6 @@ pub fn decide(
         outcome,
         state,
     }
-}
-
-/// Gives `hits` consumed at `at` back to `stored`, under the algorithm's `Refund` rule:
-/// `consumed` is the state the consuming call left, which an `IfUnchanged` algorithm requires
-/// `stored` to still be. `None`: nothing to change (no state, another algorithm's state, or
-/// the rule says no).
-pub fn give_back(
-    params: &Params,
-    stored: Option<&State>,
-    consumed: Option<&State>,
-    at: Micros,
-    hits: u64,
-) -> Option<State> {
-    let stored = stored?;
-    if hits == 0 || (params.algorithm.refund() == Refund::IfUnchanged && Some(stored) != consumed) {
-        return None;
-    }
-    let (tick, w) = params.in_ticks();
-    let (n, at) = (params.requests, at / tick);
-    // Each arm: the stored state must have the algorithm's own shape (a rule that changed
-    // its algorithm keys new counters, so it does but for a bug).
-    let algorithm = params.algorithm;
-    Some(match stored {
-        State::FixedWindow(state) => {
-            let Algorithm::FixedWindow { .. } = algorithm else {
-                return None;
-            };
-            State::FixedWindow(fixed_window::give_back(state, at, w, hits))
-        }
-        State::SlidingWindow(state) => {
-            let Algorithm::SlidingWindow = algorithm else {
-                return None;
-            };
-            State::SlidingWindow(sliding_window::give_back(state, at, w, hits))
-        }
-        State::SlidingLog(state) => {
-            let Algorithm::SlidingLog { .. } = algorithm else {
-                return None;
-            };
-            State::SlidingLog(Box::new(sliding_log::give_back(state, at, hits)))
-        }
-        State::TokenBucket(state) => {
-            let Algorithm::TokenBucket { burst } = algorithm else {
-                return None;
-            };
-            State::TokenBucket(token_bucket::give_back(state, w, burst, hits))
-        }
-        State::Gcra(state) => {
-            let Algorithm::Gcra { burst } = algorithm else {
-                return None;
-            };
-            State::Gcra(gcra::give_back(state, at, n, w, burst, hits))
-        }
-    })
 }
 
 #[cfg(test)]

@@ -160,6 +160,24 @@ pub fn give_back(state: &State, at: Micros, count: u64) -> State {
     log
 }
 
+/// `state` without its newest `count` hits (a refund: as if they had never been logged).
+pub fn refund(state: &State, count: u64) -> State {
+    let mut log = state.clone();
+    let mut left = count;
+    while left > 0 {
+        let Some(newest) = log.runs.back_mut() else {
+            break;
+        };
+        let taken = newest.1.min(left);
+        newest.1 -= taken;
+        left -= taken;
+        if newest.1 == 0 {
+            log.runs.pop_back();
+        }
+    }
+    log
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

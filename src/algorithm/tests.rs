@@ -5,6 +5,7 @@
 
 use proptest::prelude::*;
 
+use super::given_back::give_back;
 use super::testing::{BASE, secs};
 use super::*;
 

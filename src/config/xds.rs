@@ -69,7 +69,34 @@ fn descriptor(descriptor: &rls::RateLimitDescriptor) -> Value {
             node.insert(flag.into(), Value::Bool(true));
         }
     }
+    if let Some(metadata) = &descriptor.metadata {
+        node.insert("metadata".into(), json_object(metadata));
+    }
     Value::Object(node)
+}
+
+/// A protobuf Struct as the JSON object it stands for (a number that JSON cannot hold, NaN
+/// or an infinity, becomes null).
+fn json_object(fields: &prost_types::Struct) -> Value {
+    Value::Object(
+        fields
+            .fields
+            .iter()
+            .map(|(name, value)| (name.clone(), json_value(value)))
+            .collect(),
+    )
+}
+
+fn json_value(value: &prost_types::Value) -> Value {
+    use prost_types::value::Kind;
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::NumberValue(number)) => json!(number),
+        Some(Kind::StringValue(text)) => json!(text),
+        Some(Kind::BoolValue(flag)) => json!(flag),
+        Some(Kind::StructValue(fields)) => json_object(fields),
+        Some(Kind::ListValue(list)) => Value::Array(list.values.iter().map(json_value).collect()),
+    }
 }
 
 fn rate_limit(policy: &rls::RateLimitPolicy) -> Value {

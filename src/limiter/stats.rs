@@ -47,6 +47,7 @@ impl RateLimiter {
                 remaining: outcome.remaining,
                 allowed: outcome.allowed,
                 shadow: self.modes.global_shadow || rule.is_some_and(|rule| rule.shadow_mode),
+                refund: descriptor.refund,
             });
         }
     }

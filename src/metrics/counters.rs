@@ -17,9 +17,10 @@ pub(super) struct PerLimit {
     pub(super) near_limit: Family<Labels, Counter>,
     pub(super) within_limit: Family<Labels, Counter>,
     pub(super) shadow_mode: Family<Labels, Counter>,
+    pub(super) total_negative_hits: Family<Labels, Counter>,
 }
 
-/// One label set's five per-limit counters, each fetched from its family on first use (so a
+/// One label set's six per-limit counters, each fetched from its family on first use (so a
 /// series appears only once it counts something) and held from then on.
 pub(super) struct LimitCounters {
     pub(super) labels: Labels,
@@ -28,6 +29,7 @@ pub(super) struct LimitCounters {
     pub(super) near_limit: OnceLock<Counter>,
     pub(super) within_limit: OnceLock<Counter>,
     pub(super) shadow_mode: OnceLock<Counter>,
+    pub(super) total_negative_hits: OnceLock<Counter>,
 }
 
 impl LimitCounters {
@@ -39,6 +41,7 @@ impl LimitCounters {
             near_limit: OnceLock::new(),
             within_limit: OnceLock::new(),
             shadow_mode: OnceLock::new(),
+            total_negative_hits: OnceLock::new(),
         }
     }
 

@@ -1,6 +1,7 @@
 //! The per-limit metrics (labels `domain` and `limit`, the rule's config path in the
 //! reference's stats notation, e.g. `api.user`): `total_hits`, `over_limit`, `near_limit`,
-//! `within_limit`, `shadow_mode`, counted in hits as the reference counts them. Client values
+//! `within_limit`, `shadow_mode`, counted in hits as the reference counts them, and
+//! `total_negative_hits`, the hits given back by refunds (which count in no other). Client values
 //! appear in a label only for rules with `detailed_metric` or levels with `value_to_metric`,
 //! and then at most `max_detailed` distinct label sets: beyond that a hit counts under the
 //! rule's plain path, so cardinality stays bounded whatever clients send.
@@ -45,6 +46,8 @@ pub struct LimitHit<'a> {
     pub remaining: u64,
     pub allowed: bool,
     pub shadow: bool,
+    /// Given back (Envoy's `is_negative_hits`): counted in `total_negative_hits` alone.
+    pub refund: bool,
 }
 
 impl LimitMetrics {
@@ -87,6 +90,11 @@ impl LimitMetrics {
             "Hits over the limit let through by shadow mode",
             per_limit.shadow_mode.clone(),
         );
+        registry.register(
+            "total_negative_hits",
+            "Hits given back by refunds (Envoy's is_negative_hits)",
+            per_limit.total_negative_hits.clone(),
+        );
     }
 
     /// Counts one limited descriptor.
@@ -106,6 +114,14 @@ impl LimitMetrics {
 
     fn add(&self, counters: &LimitCounters, hit: &LimitHit<'_>) {
         let per = &self.per_limit;
+        if hit.refund {
+            counters.add(
+                &counters.total_negative_hits,
+                &per.total_negative_hits,
+                hit.hits,
+            );
+            return;
+        }
         counters.add(&counters.total_hits, &per.total_hits, hit.hits);
         if hit.allowed {
             counters.add(&counters.within_limit, &per.within_limit, hit.hits);
@@ -219,6 +235,7 @@ mod tests {
             remaining: 50,
             allowed: true,
             shadow: false,
+            refund: false,
         }
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | tollgate series | reference stat |
 //! |---|---|
-//! | `tollgate_total_hits_total{limit="PATH"}` (and `over_limit`, `near_limit`, `within_limit`, `shadow_mode`) | `ratelimit.service.rate_limit.PATH.total_hits` (…) |
+//! | `tollgate_total_hits_total{limit="PATH"}` (and `over_limit`, `near_limit`, `within_limit`, `shadow_mode`, `total_negative_hits`) | `ratelimit.service.rate_limit.PATH.total_hits` (…) |
 //! | `tollgate_requests_total` (every code) | `ratelimit_server.ShouldRateLimit.total_requests` |
 //! | `tollgate_config_reloads_total{result="success"}`, plus the load at start | `ratelimit.service.config_load_success` |
 //! | `tollgate_config_reloads_total{result="error"}` | `ratelimit.service.config_load_error` |
@@ -15,12 +15,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 /// The counters kept per limit, by their last name component.
-const PER_LIMIT: [&str; 5] = [
+const PER_LIMIT: [&str; 6] = [
     "total_hits",
     "over_limit",
     "near_limit",
     "within_limit",
     "shadow_mode",
+    "total_negative_hits",
 ];
 const RATE_LIMIT: &str = "ratelimit.service.rate_limit.";
 const CONFIG_LOAD_SUCCESS: &str = "ratelimit.service.config_load_success";

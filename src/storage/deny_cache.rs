@@ -23,7 +23,7 @@ use lru::LruCache;
 use prometheus_client::metrics::counter::Counter;
 
 use super::keys::CounterKey;
-use super::{CounterStore, Hit, StoreError};
+use super::{CounterStore, Hit, Role, StoreError};
 use crate::algorithm::{Outcome, Params};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
@@ -75,6 +75,11 @@ impl DenyCache {
     pub fn answer(&self, hits: &[Hit], now: Micros) -> Option<Vec<Outcome>> {
         let entries = self.entries.as_ref()?;
         if hits.is_empty() || self.held.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        // A refund changes its counter: the store applies it (`remember` then forgets the
+        // counter's denial, its answer being allowed).
+        if hits.iter().any(|hit| hit.role == Role::Refund) {
             return None;
         }
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);

@@ -34,6 +34,10 @@ pub enum Role {
     Quota,
     /// `shadow_mode` (or global shadow mode): counted, never vetoes.
     Shadow,
+    /// Envoy's `is_negative_hits`: the hits go back to the counter (`algorithm::refund`),
+    /// whatever the rule's mode; never vetoes, and is applied even when the request is
+    /// vetoed by its charges.
+    Refund,
 }
 
 /// One counter to decide.

@@ -10,6 +10,10 @@
 //!   nothing is vetoed: every hit counts, as in the reference.
 //! - A vetoed request consumes nothing: its admitted hits report a check (0 hits) on their
 //!   counters as found.
+//! - Refund hits (`Role::Refund`) give their hits back (`algorithm::refund`) and are answered
+//!   allowed. They never veto, and a veto does not undo them: what the client returns is
+//!   returned whatever its other descriptors asked (a refund is usually sent alone, when a
+//!   stream ends, and a mixed request must not lose it to an unrelated denial).
 //!
 //! The memory store applies `decide` to its map; the Redis layouts that answer the counters
 //! they found are decoded by it (their Lua applies the same rule, `lua/rule.lua`, to decide
@@ -75,7 +79,7 @@ pub fn decide(
             Some(earlier) => left[earlier].as_ref(),
             None => found[index],
         };
-        let transition = algorithm::decide(&hit.params, before, now, hit.hits, charge);
+        let transition = transition(hit, before, now, charge);
         outcomes.push(transition.outcome);
         wrote.push(transition.state.as_ref().map(|_| transition.expires_at));
         let state = transition.state.or_else(|| before.cloned());
@@ -83,21 +87,10 @@ pub fn decide(
     }
     let vetoed =
         charge == Charge::IfAllowed && vetoes(hits, |index| outcomes[index].allowed, complete);
-    let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
     if vetoed {
-        for (index, hit) in hits.iter().enumerate() {
-            if outcomes[index].allowed {
-                let found = found[first(hits, index)];
-                outcomes[index] =
-                    algorithm::decide(&hit.params, found, now, 0, Charge::IfAllowed).outcome;
-            }
-        }
-        return Decided {
-            outcomes,
-            committed: false,
-            writes,
-        };
+        return vetoed_with_refunds(hits, found, now, outcomes);
     }
+    let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
     for index in 0..hits.len() {
         let is_last = !hits[index + 1..]
             .iter()
@@ -113,6 +106,74 @@ pub fn decide(
     Decided {
         outcomes,
         committed: true,
+        writes,
+    }
+}
+
+/// What one hit does to the state its counter is in.
+fn transition(
+    hit: &Hit,
+    before: Option<&State>,
+    now: Micros,
+    charge: Charge,
+) -> algorithm::Transition {
+    match hit.role {
+        Role::Refund => algorithm::given_back::refund(&hit.params, before, now, hit.hits),
+        Role::Enforced | Role::Quota | Role::Shadow => {
+            algorithm::decide(&hit.params, before, now, hit.hits, charge)
+        }
+    }
+}
+
+/// A vetoed request: nothing is consumed, but its refunds are still given back. Every charge
+/// reports a check on its counter as the refunds before it left it (a denied one keeps its
+/// denial); every refund, its refund; each counter a refund changed is written.
+fn vetoed_with_refunds(
+    hits: &[Hit],
+    found: &[Option<&State>],
+    now: Micros,
+    mut outcomes: PerHit<Outcome>,
+) -> Decided {
+    let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
+    let mut left: PerHit<Option<State>> = SmallVec::with_capacity(hits.len());
+    let mut refunded: PerHit<Option<Micros>> = SmallVec::with_capacity(hits.len());
+    for (index, hit) in hits.iter().enumerate() {
+        let before = match earlier(hits, index) {
+            Some(earlier) => left[earlier].as_ref(),
+            None => found[index],
+        };
+        let (state, expires_at) = match hit.role {
+            Role::Refund => {
+                let refund = algorithm::given_back::refund(&hit.params, before, now, hit.hits);
+                outcomes[index] = refund.outcome;
+                let expires_at = refund.state.as_ref().map(|_| refund.expires_at);
+                (refund.state.or_else(|| before.cloned()), expires_at)
+            }
+            _ => {
+                if outcomes[index].allowed {
+                    outcomes[index] =
+                        algorithm::decide(&hit.params, before, now, 0, Charge::IfAllowed).outcome;
+                }
+                (before.cloned(), None)
+            }
+        };
+        left.push(state);
+        refunded.push(expires_at);
+    }
+    for index in 0..hits.len() {
+        let key = &hits[index].key;
+        let is_last = !hits[index + 1..].iter().any(|later| later.key == *key);
+        let last_refund = (0..=index)
+            .rev()
+            .filter(|&i| hits[i].key == *key)
+            .find_map(|i| refunded[i]);
+        if let (true, Some(expires_at), Some(state)) = (is_last, last_refund, left[index].take()) {
+            writes[index] = Some((state, expires_at));
+        }
+    }
+    Decided {
+        outcomes,
+        committed: false,
         writes,
     }
 }
@@ -152,7 +213,7 @@ fn rejects_part(descriptors: impl IntoIterator<Item = (Role, bool)>, complete: b
                 quota += 1;
                 quota_over += usize::from(over);
             }
-            Role::Enforced | Role::Shadow => {}
+            Role::Enforced | Role::Shadow | Role::Refund => {}
         }
     }
     complete && quota > 0 && quota_over == quota

@@ -770,3 +770,25 @@ pub fn spawn_reference(root: &Path, grpc: u16, http: u16, env: &[(&str, String)]
         .expect("spawn tollgate serve --env reference");
     ChildGuard(child)
 }
+
+/// A protobuf Value as JSON, to compare dynamic metadata with `json!`.
+pub fn to_json(value: &prost_types::Value) -> serde_json::Value {
+    use prost_types::value::Kind;
+    match value.kind.as_ref() {
+        Some(Kind::StringValue(s)) => serde_json::json!(s),
+        Some(Kind::NumberValue(n)) => serde_json::json!(n),
+        Some(Kind::BoolValue(b)) => serde_json::json!(b),
+        Some(Kind::ListValue(list)) => list.values.iter().map(to_json).collect(),
+        Some(Kind::StructValue(s)) => struct_json(s),
+        Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
+    }
+}
+
+/// A protobuf Struct as a JSON object.
+pub fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
+    s.fields
+        .iter()
+        .map(|(k, v)| (k.clone(), to_json(v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}

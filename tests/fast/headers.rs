@@ -202,26 +202,6 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 5}
 "#;
 
-fn to_json(value: &prost_types::Value) -> serde_json::Value {
-    use prost_types::value::Kind;
-    match value.kind.as_ref() {
-        Some(Kind::StringValue(s)) => serde_json::json!(s),
-        Some(Kind::NumberValue(n)) => serde_json::json!(n),
-        Some(Kind::BoolValue(b)) => serde_json::json!(b),
-        Some(Kind::ListValue(list)) => list.values.iter().map(to_json).collect(),
-        Some(Kind::StructValue(s)) => struct_json(s),
-        Some(Kind::NullValue(_)) | None => serde_json::Value::Null,
-    }
-}
-
-fn struct_json(s: &prost_types::Struct) -> serde_json::Value {
-    s.fields
-        .iter()
-        .map(|(k, v)| (k.clone(), to_json(v)))
-        .collect::<serde_json::Map<_, _>>()
-        .into()
-}
-
 #[tokio::test]
 async fn dynamic_metadata_describes_the_request_and_merges_the_metadata_of_descriptors_not_over() {
     let server = start_with(

@@ -27,6 +27,8 @@ macro_rules! memory_only {
 mod algorithms;
 #[path = "../scenarios/grpc.rs"]
 mod grpc;
+#[path = "../scenarios/refunds.rs"]
+mod refunds;
 #[path = "../scenarios/window_edges.rs"]
 mod window_edges;
 

@@ -8,10 +8,10 @@ use prost::Message;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
 
 /// A RateLimitRequest as Envoy encodes it: domain "d", one descriptor (entry k=v, override
-/// 10/DAY, hits_addend 7), request hits_addend 5.
+/// 10/DAY, hits_addend 7, is_negative_hits), request hits_addend 5.
 const REQUEST: &[u8] = &[
     0x0a, 0x01, b'd', // 1: domain (string)
-    0x12, 0x12, // 2: descriptors (message, 18 bytes)
+    0x12, 0x14, // 2: descriptors (message, 20 bytes)
     0x0a, 0x06, // . 1: entries (message, 6 bytes)
     0x0a, 0x01, b'k', // . . 1: key
     0x12, 0x01, b'v', // . . 2: value
@@ -20,6 +20,7 @@ const REQUEST: &[u8] = &[
     0x10, 0x04, // . . 2: unit = DAY (envoy.type.v3.RateLimitUnit)
     0x1a, 0x02, // . 3: hits_addend (google.protobuf.UInt64Value, 2 bytes)
     0x08, 0x07, // . . 1: value = 7
+    0x20, 0x01, // . 4: is_negative_hits (bool) = true (Envoy 1.38+)
     0x18, 0x05, // 3: hits_addend (uint32) = 5
 ];
 
@@ -84,6 +85,7 @@ fn envoy_request_bytes_decode_field_by_field() {
                     unit: pb::envoy::r#type::v3::RateLimitUnit::Day as i32,
                 }),
                 hits_addend: Some(7),
+                is_negative_hits: true,
             }],
             hits_addend: 5,
         }

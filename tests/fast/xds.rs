@@ -211,3 +211,59 @@ async fn without_a_first_snapshot_not_ready_unless_told_to_serve_before_it() {
     }
     assert_eq!(limit_of(&waiting, "a").await, Some(2));
 }
+
+/// The reference's field 8: a descriptor's metadata pushed by the control plane is served as
+/// dynamic metadata, exactly as the YAML `metadata`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_pushed_with_a_descriptor_is_served_as_dynamic_metadata() {
+    use prost_types::value::Kind;
+    let plane = ControlPlane::start(None, None).await;
+    let mut tagged = config("a", "a", 2);
+    let string = |text: &str| prost_types::Value {
+        kind: Some(Kind::StringValue(text.into())),
+    };
+    tagged.descriptors[0].metadata = Some(prost_types::Struct {
+        fields: [
+            ("backend".to_owned(), string("gpt-small")),
+            (
+                "tier".to_owned(),
+                prost_types::Value {
+                    kind: Some(Kind::StructValue(prost_types::Struct {
+                        fields: [(
+                            "level".to_owned(),
+                            prost_types::Value {
+                                kind: Some(Kind::NumberValue(2.0)),
+                            },
+                        )]
+                        .into(),
+                    })),
+                },
+            ),
+        ]
+        .into(),
+    });
+    plane.push("1", vec![tagged]);
+    let options = Options {
+        xds: Some(follow(&plane)),
+        probe_every: Duration::from_millis(100),
+        service: tollgate::service::ServiceOptions {
+            dynamic_metadata: true,
+            ..Default::default()
+        },
+        ..Options::default()
+    };
+    let server = start_with(
+        &[],
+        Setup {
+            options,
+            ..Setup::default()
+        },
+    )
+    .await;
+    until_serving(&server, "a", Some(2)).await;
+    let response = server.ok(request("a", &[&[("k", "x")]])).await;
+    assert_eq!(
+        struct_json(response.dynamic_metadata.as_ref().unwrap())["metadata"],
+        serde_json::json!({"backend": "gpt-small", "tier": {"level": 2.0}})
+    );
+}

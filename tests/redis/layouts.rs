@@ -3,7 +3,7 @@
 //! every algorithm, both charges, roles, declared keys and the cross-slot forms, parts of a
 //! request and refunds of committed calls) go to a real redis-server as calls, each in the
 //! layout `Layout::of` gives it, and through the Rust rule (`storage::rule::decide`,
-//! `algorithm::give_back`) on a model of the stored states; requests without refunds go to the
+//! `algorithm::given_back::give_back`) on a model of the stored states; requests without refunds go to the
 //! memory store too. Outcomes and every stored state must be identical after each step.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -175,7 +175,7 @@ impl Model {
         decided
     }
 
-    /// The refunds of `call` (a GiveBack) by `algorithm::give_back`; the outcomes a check then
+    /// The refunds of `call` (a GiveBack) by `algorithm::given_back::give_back`; the outcomes a check then
     /// finds.
     fn give_back(
         &mut self,
@@ -196,9 +196,13 @@ impl Model {
                 .map(|other| other.hits)
                 .sum();
             let stored = self.states.get(&key);
-            if let Some(next) =
-                algorithm::give_back(&hit.params, stored, expected[index].as_ref(), at, total)
-            {
+            if let Some(next) = algorithm::given_back::give_back(
+                &hit.params,
+                stored,
+                expected[index].as_ref(),
+                at,
+                total,
+            ) {
                 self.states.insert(key, next);
             }
         }

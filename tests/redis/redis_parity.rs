@@ -1,7 +1,8 @@
 //! Parity: each algorithm's Lua port (src/storage/redis/lua/) answers exactly what its Rust
-//! functions answer. Long random sequences of applies, vetoed applies and refunds, with
-//! explicit instants, go through `algorithm::decide` and `algorithm::give_back` and through the
-//! script on a real redis-server, call by call: every outcome and every stored state must be
+//! functions answer. Long random sequences of applies, vetoed applies, give-backs and the
+//! client's refunds (Envoy's `is_negative_hits`, alone or in a vetoed request), with explicit
+//! instants, go through `algorithm::decide`, `algorithm::given_back::give_back` and `algorithm::given_back::refund`
+//! and through the script on a real redis-server, call by call: every outcome and every stored state must be
 //! identical, for both charges and for limits large enough to count in millisecond ticks.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -49,6 +50,7 @@ struct Tally {
     denied: u64,
     vetoed: u64,
     refunded: u64,
+    client_refunds: u64,
 }
 
 /// What a step does to the counter.
@@ -62,16 +64,26 @@ enum Op {
     /// Gives back what one of the last few committed applies consumed (possibly after later
     /// ones), as a cluster does when another node vetoed the request.
     Refund,
+    /// The client gives hits back (`Role::Refund`), in a call of its own.
+    ClientRefund,
+    /// The same in a request another descriptor vetoes: the refund still applies.
+    VetoedClientRefund,
 }
 
 fn op(rng: &mut Rng, charge: Charge) -> Op {
     if charge == Charge::Always {
-        return Op::Apply; // every attempt counts: nothing is vetoed or refunded
+        // Every attempt counts: nothing is vetoed or given back; the client still refunds.
+        return match rng.below(100) {
+            0..85 => Op::Apply,
+            _ => Op::ClientRefund,
+        };
     }
     match rng.below(100) {
-        0..70 => Op::Apply,
-        70..85 => Op::Veto,
-        _ => Op::Refund,
+        0..60 => Op::Apply,
+        60..73 => Op::Veto,
+        73..85 => Op::Refund,
+        85..95 => Op::ClientRefund,
+        _ => Op::VetoedClientRefund,
     }
 }
 
@@ -182,6 +194,7 @@ async fn run_sequence(
         denied: 0,
         vetoed: 0,
         refunded: 0,
+        client_refunds: 0,
     };
     for index in 0..steps {
         let (gap, hits) = step(&mut rng, &params);
@@ -195,7 +208,7 @@ async fn run_sequence(
             }
             let pick = usize::try_from(rng.below(pending.len() as u64)).unwrap();
             let last = pending.remove(pick);
-            if let Some(next) = algorithm::give_back(
+            if let Some(next) = algorithm::given_back::give_back(
                 &params,
                 state.as_ref(),
                 last.state.as_ref(),
@@ -221,6 +234,37 @@ async fn run_sequence(
                 .await
                 .unwrap_or_else(|error| panic!("{context}: {error}"));
             tally.refunded += 1;
+        } else if matches!(op, Op::ClientRefund | Op::VetoedClientRefund) {
+            let refund = algorithm::given_back::refund(&params, state.as_ref(), now, hits);
+            let calls = [
+                Hit {
+                    role: Role::Refund,
+                    ..hit(hits)
+                },
+                blocker.clone(),
+            ];
+            let sent = if op == Op::VetoedClientRefund {
+                &calls[..]
+            } else {
+                &calls[..1]
+            };
+            let call = Call {
+                op: call::Op::Apply { now },
+                hits: sent,
+                node: None,
+                charge,
+                complete: true,
+                prefix: "",
+                grace_ms: 3_600_000,
+            };
+            let reply = call_on(connection, &call)
+                .await
+                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            assert_eq!(reply.outcomes[0], refund.outcome, "{context}: Lua vs Rust");
+            if let Some(next) = refund.state {
+                state = Some(next);
+            }
+            tally.client_refunds += 1;
         } else {
             let decided = algorithm::decide(&params, state.as_ref(), now, hits, charge);
             let mut expected = decided.outcome;
@@ -285,12 +329,17 @@ async fn parity(name: &str, main: Params, variants: &[Params]) {
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let tally = run_sequence(&mut connection, name, main, Charge::IfAllowed, 10_000, 7).await;
     assert!(
-        tally.allowed > 1_000 && tally.denied > 500 && tally.vetoed > 500 && tally.refunded > 500,
-        "{name}: the sequence must exercise both outcomes, vetoes and refunds: {} allowed, {} denied, {} vetoed, {} refunded",
+        tally.allowed > 1_000
+            && tally.denied > 500
+            && tally.vetoed > 500
+            && tally.refunded > 500
+            && tally.client_refunds > 500,
+        "{name}: the sequence must exercise both outcomes, vetoes, give-backs and refunds: {} allowed, {} denied, {} vetoed, {} given back, {} refunds",
         tally.allowed,
         tally.denied,
         tally.vetoed,
-        tally.refunded
+        tally.refunded,
+        tally.client_refunds
     );
     run_sequence(&mut connection, name, main, Charge::Always, 2_000, 11).await;
     for (seed, params) in (13..).zip(variants) {

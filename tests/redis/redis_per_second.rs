@@ -112,3 +112,13 @@ async fn one_descriptor_with_a_per_second_and_a_per_minute_limit_is_all_or_nothi
         "2/min: one left after this hit"
     );
 }
+
+/// Refunds on the split: per-second counters in one Redis, the others in the other, a request
+/// that refunds on one and charges on the other still all-or-nothing for its charges.
+#[tokio::test]
+async fn refunds_on_the_per_second_split() {
+    use crate::refunds::*;
+    spend_refund_and_spend_again_exactly(StoreKind::PerSecond).await;
+    a_refund_in_a_vetoed_request_still_gives_back(StoreKind::PerSecond).await;
+    the_requests_hits_addend_is_the_refund_and_modes_keep_their_meaning(StoreKind::PerSecond).await;
+}

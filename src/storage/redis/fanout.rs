@@ -13,7 +13,7 @@ use super::slots::{Group, plan, split_by_slot};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::Micros;
 use crate::storage::rule::vetoes;
-use crate::storage::{Hit, StoreError};
+use crate::storage::{Hit, Role, StoreError};
 
 /// What the calls of (part of) a request found: every hit's outcome (default where its call
 /// failed), what the committed calls would give back, and the first failure.
@@ -277,7 +277,8 @@ fn refunds_of(sent: &[(Group<'_>, Vec<Hit>, Reply)], at: Micros) -> Vec<Refund> 
                         .indices
                         .iter()
                         .map(|&p| Hit {
-                            hits: if reply.outcomes[p].allowed {
+                            // A client's refund is not undone by a veto (storage::rule).
+                            hits: if reply.outcomes[p].allowed && hits[p].role != Role::Refund {
                                 hits[p].hits
                             } else {
                                 0

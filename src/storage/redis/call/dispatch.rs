@@ -5,7 +5,7 @@ use redis::{Cmd, Value};
 
 use super::numbers::is_counter;
 use super::{Call, Layout, Op, Reply, apply, count, count_one, decide_one, give_back};
-use crate::storage::StoreError;
+use crate::storage::{Role, StoreError};
 
 impl Layout {
     /// The layout of `call`: the cheapest one that can carry it.
@@ -13,6 +13,8 @@ impl Layout {
         let counters = !call.hits.is_empty() && call.hits.iter().all(|hit| is_counter(&hit.params));
         match (&call.op, call.hits, call.node) {
             (Op::GiveBack { .. }, _, _) => Layout::GiveBack,
+            // Only Apply decides a refund in Redis; the others decode by charging.
+            (Op::Apply { .. }, _, _) if has_refund(call) => Layout::Apply,
             (Op::Apply { .. }, [_], None) if counters => Layout::CountOne,
             (Op::Apply { .. }, _, _) if counters => Layout::Count,
             (Op::Apply { .. }, [hit], None) if decide_one::takes(&hit.params) => Layout::DecideOne,
@@ -23,7 +25,7 @@ impl Layout {
     /// Whether this layout can carry `call` (`of` picks the cheapest that can; a measurement
     /// may ask for another).
     pub fn carries(self, call: &Call<'_>) -> bool {
-        let counters = call.hits.iter().all(|hit| is_counter(&hit.params));
+        let counters = call.hits.iter().all(|hit| is_counter(&hit.params)) && !has_refund(call);
         let lone = call.hits.len() == 1 && call.node.is_none();
         match (self, &call.op) {
             (Layout::GiveBack, Op::GiveBack { .. }) => true,
@@ -31,7 +33,9 @@ impl Layout {
             (Layout::Count, Op::Apply { .. }) => counters,
             (Layout::CountOne, Op::Apply { .. }) => counters && lone,
             (Layout::DecideOne, Op::Apply { .. }) => {
-                lone && !counters && call.hits.iter().all(|hit| decide_one::takes(&hit.params))
+                lone && !counters
+                    && !has_refund(call)
+                    && call.hits.iter().all(|hit| decide_one::takes(&hit.params))
             }
             (_, _) => false,
         }
@@ -58,4 +62,9 @@ impl Layout {
             Layout::GiveBack => give_back::decode(call, reply),
         }
     }
+}
+
+/// Whether a call gives hits back on a client's request (`Role::Refund`).
+fn has_refund(call: &Call<'_>) -> bool {
+    call.hits.iter().any(|hit| hit.role == Role::Refund)
 }

@@ -53,6 +53,7 @@ pub fn role_code(role: Role) -> i64 {
         Role::Enforced => 0,
         Role::Quota => 1,
         Role::Shadow => 2,
+        Role::Refund => 3,
     }
 }
 

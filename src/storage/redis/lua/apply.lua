@@ -1,7 +1,8 @@
 -- Layout Apply (src/storage/redis/call/apply.rs): any hits, any algorithms, decided and
 -- answered here, atomically, as src/storage/memory/ does in-process (and by the same rule,
 -- rule.lua): every counter read before any is written, each hit decided on the state the hits
--- before it left, and a vetoed call writes nothing.
+-- before it left, and a vetoed call writes nothing but its refunds (role REFUND: the hits go
+-- back, answered allowed, never vetoing).
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once; a
 --           fixed window aligned on the epoch with its window's number appended); none for
 --           the cross-slot twin, whose counters follow ARGV[1].
@@ -18,6 +19,8 @@
 --           its node fails on the read of that counter (Redis refuses the access), having
 --           changed nothing, so the caller can send its hits again one slot at a time.
 local PER_APPLY = 9
+-- A refund's role code (call/numbers.rs, `role_code`).
+local REFUND = 3
 
 -- Runs a hit's algorithm in its ticks at `now` µs: new state, allowed, remaining (when
 -- denied, the room a check finds), reset_after µs, retry_after µs.
@@ -34,6 +37,25 @@ local function decide_in_ticks(h, at, state, now, hits, charge)
   return new_state, allowed, remaining, reset_after * tick, retry_after * tick
 end
 
+-- A refund hit (is_negative_hits) at `now` µs: the state after its hits went back (nil:
+-- nothing to change), then a check on the counter after it, allowed whatever it finds.
+local function refund_in_ticks(h, at, state, now)
+  local algorithm, limit, tick = ALGORITHMS[h[at + 1]], h[at + 2], h[at + 4]
+  local window = max(idiv(h[at + 3], tick), 1)
+  local now_ticks = idiv(now, tick)
+  local new_state = nil
+  if state and h[at + 6] > 0 then
+    new_state = {}
+    for j = 1, #state do
+      new_state[j] = state[j]
+    end
+    algorithm.refund(new_state, now_ticks, limit, window, h[at + 5], h[at + 6])
+  end
+  local _, _, remaining, reset_after, retry_after =
+    algorithm.decide(new_state or state or nil, now_ticks, limit, window, h[at + 5], 0, false)
+  return new_state, true, remaining, reset_after * tick, retry_after * tick
+end
+
 local function record(out, i, allowed, remaining, reset_after, retry_after, state)
   local base = 1 + (i - 1) * 6
   if allowed then
@@ -44,6 +66,33 @@ local function record(out, i, allowed, remaining, reset_after, retry_after, stat
   out[base + 2], out[base + 3], out[base + 4] = remaining, reset_after, retry_after
   out[base + 5] = (state and state[1]) or -1
   out[base + 6] = (state and state[2]) or -1
+end
+
+-- The last hit on each counter writes the state `left` by it, with the expiry of the last
+-- hit that changed it (`expires`, µs from now; a counter none changed is not written); every
+-- hit reports its counter's state after the call.
+local function write_counters(keys, h, n, left, expires, grace, out)
+  local first_of, last_of, write_expiry = {}, {}, {}
+  for i = 1, n do
+    local earlier = h[PER_APPLY * (i - 1) + 9]
+    local first = i
+    if earlier > 0 then
+      first = first_of[earlier]
+    end
+    first_of[i], last_of[first] = first, i
+    if expires[i] then
+      write_expiry[first] = expires[i]
+    end
+  end
+  for i = 1, n do
+    local first = first_of[i]
+    local final = left[last_of[first]]
+    if last_of[first] == i and write_expiry[first] then
+      redis.call('SET', keys[i], encode_state(final), 'PX', ttl_ms(write_expiry[first], grace))
+    end
+    local base = 1 + (i - 1) * 6
+    out[base + 5], out[base + 6] = (final and final[1]) or -1, (final and final[2]) or -1
+  end
 end
 
 local function apply(keys, argv)
@@ -80,8 +129,13 @@ local function apply(keys, argv)
       found[i] = read_state(keys[i])
       before = found[i]
     end
-    local new_state, ok, remaining, reset_after, retry_after =
-      decide_in_ticks(h, at, before, now, h[at + 6], charge)
+    local new_state, ok, remaining, reset_after, retry_after
+    if h[at + 7] == REFUND then
+      new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
+    else
+      new_state, ok, remaining, reset_after, retry_after =
+        decide_in_ticks(h, at, before, now, h[at + 6], charge)
+    end
     allowed[i] = ok
     denied = denied or not ok
     record(out, i, ok, remaining, reset_after, retry_after, nil)
@@ -93,44 +147,32 @@ local function apply(keys, argv)
   end
 
   if denied and not charge and vetoes(h, n, allowed, 0, PER_APPLY, 7, 8, complete_flag == 1) then
-    -- Nothing consumed: admitted hits report a check on their counters as found.
+    -- Nothing consumed but the refunds: each charge admitted reports a check on its counter as
+    -- the refunds before it left it; each refund is applied again on that chain.
+    local kept, refunded = {}, {}
     for i = 1, n do
       local at = PER_APPLY * (i - 1)
-      local base = 1 + (i - 1) * 6
-      local state = found[i] or nil
-      if allowed[i] then
-        local _, ok, remaining, reset_after, retry_after = decide_in_ticks(h, at, state, now, 0, charge)
-        record(out, i, ok, remaining, reset_after, retry_after, state)
-      else
-        out[base + 5], out[base + 6] = (state and state[1]) or -1, (state and state[2]) or -1
+      local earlier, before = h[at + 9], found[i]
+      if earlier > 0 then
+        before = kept[earlier]
+      end
+      kept[i] = before
+      if h[at + 7] == REFUND then
+        local new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
+        record(out, i, ok, remaining, reset_after, retry_after, nil)
+        if new_state then
+          kept[i], refunded[i] = new_state, reset_after
+        end
+      elseif allowed[i] then
+        local _, ok, remaining, reset_after, retry_after = decide_in_ticks(h, at, before or nil, now, 0, charge)
+        record(out, i, ok, remaining, reset_after, retry_after, nil)
       end
     end
+    write_counters(keys, h, n, kept, refunded, grace, out)
     return out
   end
 
-  -- The last hit on each counter writes its state, with the expiry of the last hit that
-  -- changed it; every hit reports its counter's state after the call.
-  local first_of, last_of, write_expiry = {}, {}, {}
-  for i = 1, n do
-    local earlier = h[PER_APPLY * (i - 1) + 9]
-    local first = i
-    if earlier > 0 then
-      first = first_of[earlier]
-    end
-    first_of[i], last_of[first] = first, i
-    if expires[i] then
-      write_expiry[first] = expires[i]
-    end
-  end
-  for i = 1, n do
-    local first = first_of[i]
-    local final = left[last_of[first]]
-    if last_of[first] == i and write_expiry[first] then
-      redis.call('SET', keys[i], encode_state(final), 'PX', ttl_ms(write_expiry[first], grace))
-    end
-    local base = 1 + (i - 1) * 6
-    out[base + 5], out[base + 6] = (final and final[1]) or -1, (final and final[2]) or -1
-  end
+  write_counters(keys, h, n, left, expires, grace, out)
   out[1] = 1
   return out
 end

@@ -38,6 +38,9 @@ function fixed_window.give_back(state, at, _, window, _, count)
   end
 end
 
+-- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
+fixed_window.refund = fixed_window.give_back
+
 ALGORITHMS[1] = fixed_window
 
 -- The same window aligned on the epoch, stored as one integer per window (code 0; the
@@ -62,5 +65,7 @@ end
 function fixed_count.give_back(state, _, _, _, _, count)
   state[1] = max(state[1] - count, 0)
 end
+
+fixed_count.refund = fixed_count.give_back
 
 ALGORITHMS[0] = fixed_count

@@ -56,4 +56,7 @@ function gcra.give_back(state, at, limit, window, burst, count)
   state[1], state[2] = at + whole, ahead - whole * limit
 end
 
+-- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
+gcra.refund = gcra.give_back
+
 ALGORITHMS[5] = gcra

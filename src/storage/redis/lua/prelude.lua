@@ -15,6 +15,8 @@
 --     -> new_state (nil: leave it), allowed, remaining, reset_after, retry_after
 --   give_back(state, at, limit, window, parameter, count)
 --     -> nothing; returns `count` hits consumed at `at` to `state`, in place
+--   refund(state, now, limit, window, parameter, count)
+--     -> nothing; gives `count` hits back at `now` (algorithm::refund), in place
 -- Times are in ticks; `parameter` is Algorithm::parameter_in_ticks; a state is its list of
 -- numbers, as stored (state.lua).
 

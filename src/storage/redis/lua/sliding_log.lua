@@ -130,4 +130,17 @@ function sliding_log.give_back(state, at, _, _, _, count)
   end
 end
 
+-- A refund (is_negative_hits): the newest `count` hits leave the log, as if never logged.
+function sliding_log.refund(state, _, _, _, _, count)
+  while count > 0 and #state >= 2 do
+    local taken = min(state[#state], count)
+    state[#state] = state[#state] - taken
+    count = count - taken
+    if state[#state] == 0 then
+      state[#state] = nil
+      state[#state] = nil
+    end
+  end
+end
+
 ALGORITHMS[3] = sliding_log

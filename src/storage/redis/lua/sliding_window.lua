@@ -74,4 +74,7 @@ function sliding_window.give_back(state, at, _, window, _, count)
   end
 end
 
+-- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
+sliding_window.refund = sliding_window.give_back
+
 ALGORITHMS[2] = sliding_window

@@ -49,4 +49,7 @@ function token_bucket.give_back(state, _, _, window, burst, count)
   end
 end
 
+-- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
+token_bucket.refund = token_bucket.give_back
+
 ALGORITHMS[4] = token_bucket

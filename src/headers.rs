@@ -113,20 +113,30 @@ pub fn headers(mode: HeaderMode, decision: &Decision) -> Vec<(&'static str, Stri
                 ("RateLimit", format!("\"{policy}\";r={remaining};t={reset}")),
             ]
         }
-        HeaderMode::Legacy => {
-            let [limit, remaining_name, reset_name] = LEGACY_HEADER_NAMES;
-            vec![
-                (limit, quota.to_string()),
-                (remaining_name, remaining.to_string()),
-                (reset_name, reset.to_string()),
-            ]
-        }
+        HeaderMode::Legacy => LEGACY_HEADER_NAMES
+            .into_iter()
+            .zip([u64::from(quota), remaining, reset].map(|n| n.to_string()))
+            .collect(),
     };
     // Legacy mode is the reference's headers exactly, which include no `Retry-After`.
     if decision.overall == Code::OverLimit && mode != HeaderMode::Legacy {
         out.push(("Retry-After", reset.to_string()));
     }
     out
+}
+
+/// The limit, remaining and reset (whole seconds) of the descriptor the headers describe, as
+/// the `legacy` headers carry them: the upstream headers (`--upstream-limit-headers`).
+pub fn limit_state(decision: &Decision) -> Option<[String; 3]> {
+    let reported = reported(decision)?;
+    Some(
+        [
+            u64::from(reported.limit.requests_per_unit),
+            reported.remaining,
+            reported.reset,
+        ]
+        .map(|n| n.to_string()),
+    )
 }
 
 /// A structured-field string's content: `"` and `\` escaped.

@@ -75,6 +75,9 @@ pub struct ServeArgs {
     pub shutdown: ShutdownOptions,
 
     #[command(flatten)]
+    pub connections: crate::server::ConnectionOptions,
+
+    #[command(flatten)]
     pub trace: crate::telemetry::TraceArgs,
 
     /// How gRPC connections are spread over cores: multi-thread (tokio's work-stealing
@@ -100,6 +103,7 @@ impl ServeArgs {
             quota: self.quota.clone(),
             modes: self.modes,
             shutdown: self.shutdown,
+            connections: self.connections,
             ready_needs_rules: self.rules.ready_needs_rules,
             statsd: self.statsd.clone(),
             runtime: self.runtime,

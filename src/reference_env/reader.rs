@@ -69,6 +69,14 @@ impl Reader<'_> {
             "GRPC_PORT",
         )?;
         self.flag("--grpc-addr", grpc, "GRPC_PORT");
+        let age = self.text("GRPC_MAX_CONNECTION_AGE");
+        self.flag("--grpc-max-connection-age", age, "GRPC_MAX_CONNECTION_AGE");
+        let grace = self.text("GRPC_MAX_CONNECTION_AGE_GRACE");
+        self.flag(
+            "--grpc-max-connection-age-grace",
+            grace,
+            "GRPC_MAX_CONNECTION_AGE_GRACE",
+        );
         let uds = self.text("GRPC_UDS");
         if !uds.is_empty() {
             self.flag("--grpc-uds", uds, "GRPC_UDS");
@@ -262,6 +270,20 @@ impl Reader<'_> {
                 "--legacy-header-names",
                 names.join(","),
                 "LIMIT_LIMIT_HEADER",
+            );
+        }
+        if self.switch("LIMIT_REQUEST_HEADERS_ENABLED")? {
+            self.out.args.push("--upstream-limit-headers".into());
+            let names = [
+                "LIMIT_REQUEST_LIMIT_HEADER",
+                "LIMIT_REQUEST_REMAINING_HEADER",
+                "LIMIT_REQUEST_RESET_HEADER",
+            ]
+            .map(|name| self.text(name));
+            self.flag(
+                "--upstream-limit-header-names",
+                names.join(","),
+                "LIMIT_REQUEST_LIMIT_HEADER",
             );
         }
         Ok(())

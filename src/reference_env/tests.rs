@@ -45,6 +45,7 @@ const EVERYTHING: &[(&str, &str)] = &[
     ("REDIS_PERSECOND_TYPE", "sentinel"),
     ("REDIS_PERSECOND_URL", "fast,127.0.0.1:26379"),
     ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+    ("LIMIT_REQUEST_HEADERS_ENABLED", "true"),
     ("USE_PROMETHEUS", "true"),
     ("TRACING_ENABLED", "true"),
     ("TRACING_EXPORTER_PROTOCOL", "grpc"),
@@ -531,5 +532,37 @@ fn the_logged_flags_leave_out_passwords_and_header_values() {
     assert!(
         shown.contains("--xds-header authorization=<redacted>"),
         "{shown}"
+    );
+}
+
+#[test]
+fn connections_age_and_upstream_headers_as_the_reference_sets_them() {
+    let hours = |h: u64| std::time::Duration::from_secs(h * 3_600);
+    let defaults = serve(&[]);
+    assert_eq!(
+        (
+            defaults.connections.max_age,
+            defaults.connections.max_age_grace
+        ),
+        (hours(24), hours(1))
+    );
+    assert!(!defaults.service.upstream_limit_headers);
+    let set = serve(&[
+        ("GRPC_MAX_CONNECTION_AGE", "5m"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "30s"),
+        ("LIMIT_REQUEST_HEADERS_ENABLED", "true"),
+        ("LIMIT_REQUEST_REMAINING_HEADER", "X-Left"),
+    ]);
+    assert_eq!(
+        (set.connections.max_age, set.connections.max_age_grace),
+        (
+            std::time::Duration::from_secs(300),
+            std::time::Duration::from_secs(30)
+        )
+    );
+    assert!(set.service.upstream_limit_headers);
+    assert_eq!(
+        set.service.upstream_limit_header_names,
+        ["RateLimit-Limit", "X-Left", "RateLimit-Reset"]
     );
 }

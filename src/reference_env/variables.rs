@@ -65,15 +65,15 @@ pub const VARIABLES: &[Variable] = &[
         "",
         "--grpc-uds (instead of GRPC_HOST:GRPC_PORT)",
     ),
-    ignored(
+    honoured(
         "GRPC_MAX_CONNECTION_AGE",
         "24h",
-        "tollgate does not close connections by age",
+        "--grpc-max-connection-age",
     ),
-    ignored(
+    honoured(
         "GRPC_MAX_CONNECTION_AGE_GRACE",
         "1h",
-        "tollgate does not close connections by age",
+        "--grpc-max-connection-age-grace",
     ),
     honoured("GRPC_SERVER_USE_TLS", "false", "--tls-cert, --tls-key"),
     honoured("GRPC_SERVER_TLS_CERT", "", "--tls-cert"),
@@ -207,6 +207,26 @@ pub const VARIABLES: &[Variable] = &[
         "LIMIT_RESPONSE_HEADERS_ENABLED",
         "false",
         "--response-headers legacy",
+    ),
+    honoured(
+        "LIMIT_REQUEST_HEADERS_ENABLED",
+        "false",
+        "--upstream-limit-headers",
+    ),
+    honoured(
+        "LIMIT_REQUEST_LIMIT_HEADER",
+        "RateLimit-Limit",
+        "--upstream-limit-header-names",
+    ),
+    honoured(
+        "LIMIT_REQUEST_REMAINING_HEADER",
+        "RateLimit-Remaining",
+        "--upstream-limit-header-names",
+    ),
+    honoured(
+        "LIMIT_REQUEST_RESET_HEADER",
+        "RateLimit-Reset",
+        "--upstream-limit-header-names",
     ),
     honoured(
         "LIMIT_LIMIT_HEADER",

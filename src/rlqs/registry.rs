@@ -28,8 +28,15 @@ pub type StreamId = u64;
 /// Where a stream's responses go (the gRPC response stream reads the other end).
 pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, ReportError>>;
 
-/// How much a new report weighs against the demand already known.
+/// How much a report covering `SMOOTHING_PERIOD` weighs against the demand already known;
+/// a shorter report weighs less, a longer one more, so that the demand forgets at the same
+/// pace per second however often a stream reports.
 const SMOOTHING: f64 = 0.7;
+const SMOOTHING_PERIOD: Duration = Duration::from_secs(5);
+
+/// Shortest time a report must cover to say something about a rate: Envoy's first report of
+/// a new bucket covers none (0), and a rate over a few microseconds is noise.
+const MIN_ELAPSED: Duration = Duration::from_millis(10);
 
 /// Longest time one report is taken to cover.
 const MAX_ELAPSED: Duration = Duration::from_secs(3_600);
@@ -109,7 +116,7 @@ impl Bucket {
 
 /// One stream's subscription to one bucket.
 pub(super) struct Subscription {
-    /// Requests per second, smoothed; `None` until a report covers a whole second.
+    /// Requests per second, smoothed; `None` until a report covers `MIN_ELAPSED`.
     pub(super) demand: Option<f64>,
     /// When the stream last reported a request in the bucket (or subscribed).
     pub(super) last_used: Instant,
@@ -358,16 +365,18 @@ pub(super) fn grants(
         .collect()
 }
 
-/// The demand after a report of `requests` over `elapsed`. Envoy counts `elapsed` in whole
-/// seconds, and a bucket's first report covers none: a report under a second says nothing
-/// about the rate.
+/// The demand after a report of `requests` over `elapsed`, by its real duration (Envoy 1.40
+/// counts whole seconds; sub-second reports with nanoseconds count as they are). A report
+/// under `MIN_ELAPSED` says nothing about the rate.
 fn smoothed(known: Option<f64>, requests: u64, elapsed: Duration) -> Option<f64> {
-    if elapsed < Duration::from_secs(1) {
+    if elapsed < MIN_ELAPSED {
         return known;
     }
     let rate = requests as f64 / elapsed.as_secs_f64();
+    let periods = elapsed.as_secs_f64() / SMOOTHING_PERIOD.as_secs_f64();
+    let weight = 1.0 - (1.0 - SMOOTHING).powf(periods);
     Some(match known {
-        Some(known) => SMOOTHING * rate + (1.0 - SMOOTHING) * known,
+        Some(known) => weight * rate + (1.0 - weight) * known,
         None => rate,
     })
 }
@@ -410,4 +419,29 @@ fn replica_name() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{:x}.{:x}", std::process::id(), started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_counts_by_its_real_duration_and_an_empty_one_not_at_all() {
+        let ms = Duration::from_millis;
+        // 20 requests in 200 ms: 100 a second.
+        assert_eq!(smoothed(None, 20, ms(200)), Some(100.0));
+        let nanos = elapsed(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        });
+        assert_eq!(smoothed(None, 20, nanos), Some(100.0));
+        // No time (a new bucket's first report), or too little: the demand stays as known.
+        assert_eq!(smoothed(None, 20, Duration::ZERO), None);
+        assert_eq!(smoothed(Some(7.0), 20, ms(1)), Some(7.0));
+        // A report of the smoothing period weighs SMOOTHING, a shorter one less.
+        let five = smoothed(Some(0.0), 500, Duration::from_secs(5)).unwrap();
+        assert!((five - 70.0).abs() < 1e-9, "{five}");
+        let short = smoothed(Some(0.0), 10, ms(100)).unwrap();
+        assert!(short > 0.0 && short < 0.7 * 100.0, "{short}");
+    }
 }

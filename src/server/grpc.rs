@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
@@ -57,6 +58,29 @@ pub enum ServerError {
 
 pub(super) type Serving = JoinHandle<Result<(), ServerError>>;
 
+/// How long a gRPC connection lives: flags of `tollgate serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+#[command(next_help_heading = "Listeners and TLS")]
+pub struct ConnectionOptions {
+    /// Close each gRPC connection this long after it opened (HTTP/2 GOAWAY: the client opens
+    /// a new one, maybe to another replica), so that a scale-out behind a Kubernetes Service
+    /// gets a share of long-lived Envoy connections; 0s: never (the reference's
+    /// GRPC_MAX_CONNECTION_AGE).
+    #[arg(long = "grpc-max-connection-age", env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE", default_value = "0s", value_parser = humantime::parse_duration)]
+    pub max_age: Duration,
+
+    /// How long calls in flight on an aged connection may still take before it is closed
+    /// (the reference's GRPC_MAX_CONNECTION_AGE_GRACE).
+    #[arg(long = "grpc-max-connection-age-grace", env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub max_age_grace: Duration,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        crate::options::defaults()
+    }
+}
+
 /// The gRPC routes: RLS v3, RLQS, gRPC health, and server reflection (so that `grpcurl list` and
 /// `grpcurl describe` work without the proto files).
 pub fn grpc_router(
@@ -66,12 +90,19 @@ pub fn grpc_router(
         impl tonic_health::pb::health_server::Health,
     >,
     max_request_bytes: usize,
+    connections: ConnectionOptions,
 ) -> Result<Router, ServerError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    Ok(grpc_server()
+    let mut server = grpc_server();
+    if !connections.max_age.is_zero() {
+        server = server
+            .max_connection_age(connections.max_age)
+            .max_connection_age_grace(connections.max_age_grace);
+    }
+    Ok(server
         .add_service(health_service)
         .add_service(reflection)
         .add_service(service.grpc(max_request_bytes))

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 mod grpc;
 
-pub use grpc::{GrpcListener, ServerError, grpc_router, grpc_server, tcp_incoming};
+pub use grpc::{
+    ConnectionOptions, GrpcListener, ServerError, grpc_router, grpc_server, tcp_incoming,
+};
 use grpc::{Serving, serve_grpc};
 
 use arc_swap::ArcSwap;
@@ -68,6 +70,8 @@ pub struct Options {
     /// How gRPC connections are spread over cores; `run` must be called on the main
     /// runtime of this flavour.
     pub runtime: Flavor,
+    /// How long a gRPC connection lives.
+    pub connections: ConnectionOptions,
 }
 
 impl Default for Options {
@@ -88,6 +92,7 @@ impl Default for Options {
             serve_before_config: false,
             admin_writes: AdminWrites::default(),
             runtime: Flavor::default(),
+            connections: ConnectionOptions::default(),
         }
     }
 }
@@ -360,6 +365,7 @@ pub async fn run(
         quotas.service(),
         health_service,
         max_request_bytes,
+        options.connections,
     )?;
     let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
     let admin = crate::admin::router(

@@ -84,8 +84,22 @@ impl RlsService {
                     .service
                     .count_decision(decision.overall == Code::OverLimit);
                 let headers = headers::headers(options.response_headers, &decision);
+                let upstream = options
+                    .upstream_limit_headers
+                    .then(|| headers::limit_state(&decision))
+                    .flatten();
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
                 let mut response = encode(decision);
+                if let Some(values) = upstream {
+                    let names = options.upstream_limit_header_names.iter();
+                    response
+                        .request_headers_to_add
+                        .extend(names.zip(values).map(|(name, value)| pb::HeaderValue {
+                            key: name.clone(),
+                            value,
+                            ..Default::default()
+                        }));
+                }
                 response.dynamic_metadata = metadata;
                 response
                     .response_headers_to_add

@@ -61,6 +61,24 @@ pub struct ServiceOptions {
     #[arg(long, env = "TOLLGATE_LEGACY_HEADER_NAMES", value_delimiter = ',', value_parser = header_name, default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", help_heading = "Responses and load shedding")]
     pub legacy_header_names: Vec<String>,
 
+    /// Tell the service behind Envoy how close the request came to its limit: the limit,
+    /// remaining and reset of the descriptor the response headers would describe, in
+    /// `request_headers_to_add` (the client does not see them); the reference's
+    /// LIMIT_REQUEST_HEADERS_ENABLED.
+    #[arg(
+        long,
+        env = "TOLLGATE_UPSTREAM_LIMIT_HEADERS",
+        help_heading = "Responses and load shedding",
+        value_parser = BoolishValueParser::new()
+    )]
+    pub upstream_limit_headers: bool,
+
+    /// The names of those upstream headers, in the order limit, remaining, reset, separated
+    /// by `,` (the reference's LIMIT_REQUEST_LIMIT_HEADER, …_REMAINING_HEADER and
+    /// …_RESET_HEADER).
+    #[arg(long, env = "TOLLGATE_UPSTREAM_LIMIT_HEADER_NAMES", value_delimiter = ',', value_parser = header_name, default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", help_heading = "Responses and load shedding")]
+    pub upstream_limit_header_names: Vec<String>,
+
     /// Where the `x-tollgate-store-error` header marking an answer given without the store
     /// goes: `upstream` (to the service behind Envoy only), `response` (to the client too) or
     /// `off`.

@@ -1,6 +1,7 @@
 //! A TCP proxy whose target can be changed while it runs: new connections go to the new
 //! target, the open ones stay where they were, as a DNS name, a Kubernetes Service or a
-//! managed Redis endpoint repointed at a failover behaves. It can also stall the connections
+//! managed Redis endpoint repointed at a failover behaves. Given several targets, it deals
+//! new connections to them in turn, as a Kubernetes Service spreads them over its pods. It can also stall the connections
 //! open at a moment (kept open, nothing forwarded), as a wedged connection or a half-dead
 //! peer behaves, while new ones work.
 
@@ -13,7 +14,7 @@ use tokio::task::JoinHandle;
 
 pub struct Proxy {
     pub addr: SocketAddr,
-    target: Arc<Mutex<SocketAddr>>,
+    targets: Arc<Mutex<Vec<SocketAddr>>>,
     /// Bumped by `stall_open`: connections accepted before stop forwarding.
     stalls: watch::Sender<u64>,
     accept: JoinHandle<()>,
@@ -24,13 +25,18 @@ impl Proxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let target = Arc::new(Mutex::new(target));
+        let targets = Arc::new(Mutex::new(vec![target]));
         let (stalls, watching) = watch::channel(0);
-        let current = Arc::clone(&target);
+        let current = Arc::clone(&targets);
         let accept = tokio::spawn(async move {
             let mut open = tokio::task::JoinSet::new();
+            let mut dealt = 0;
             while let Ok((client, _)) = listener.accept().await {
-                let to = *current.lock().unwrap();
+                let to = {
+                    let targets = current.lock().unwrap();
+                    targets[dealt % targets.len()]
+                };
+                dealt += 1;
                 let mut stalled = watching.clone();
                 stalled.mark_unchanged();
                 open.spawn(forward(client, to, stalled));
@@ -38,7 +44,7 @@ impl Proxy {
         });
         Self {
             addr,
-            target,
+            targets,
             stalls,
             accept,
         }
@@ -46,7 +52,12 @@ impl Proxy {
 
     /// Sends new connections to `target`.
     pub fn point_at(&self, target: SocketAddr) {
-        *self.target.lock().unwrap() = target;
+        *self.targets.lock().unwrap() = vec![target];
+    }
+
+    /// Deals new connections to `target` too, in turn with the others.
+    pub fn add_target(&self, target: SocketAddr) {
+        self.targets.lock().unwrap().push(target);
     }
 
     /// Stops forwarding on every connection open now, without closing them.

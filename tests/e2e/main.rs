@@ -11,6 +11,7 @@ mod common;
 
 mod deploy;
 mod envoy;
+mod envoy_current;
 mod prometheus;
 mod readme;
 mod reference_env;

@@ -146,6 +146,29 @@ struct Committed {
     reported: Vec<Option<State>>,
 }
 
+/// An Apply call of the counter's hit, with the always-over blocker when `vetoed`.
+async fn apply(
+    connection: &mut redis::aio::MultiplexedConnection,
+    calls: &[Hit; 2],
+    vetoed: bool,
+    now: Micros,
+    charge: Charge,
+    context: &str,
+) -> call::Reply {
+    let call = Call {
+        op: call::Op::Apply { now },
+        hits: if vetoed { &calls[..] } else { &calls[..1] },
+        node: None,
+        charge,
+        complete: true,
+        prefix: "",
+        grace_ms: 3_600_000,
+    };
+    call_on(connection, &call)
+        .await
+        .unwrap_or_else(|error| panic!("{context}: {error}"))
+}
+
 async fn run_sequence(
     connection: &mut redis::aio::MultiplexedConnection,
     name: &str,
@@ -243,23 +266,8 @@ async fn run_sequence(
                 },
                 blocker.clone(),
             ];
-            let sent = if op == Op::VetoedClientRefund {
-                &calls[..]
-            } else {
-                &calls[..1]
-            };
-            let call = Call {
-                op: call::Op::Apply { now },
-                hits: sent,
-                node: None,
-                charge,
-                complete: true,
-                prefix: "",
-                grace_ms: 3_600_000,
-            };
-            let reply = call_on(connection, &call)
-                .await
-                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            let vetoed = op == Op::VetoedClientRefund;
+            let reply = apply(connection, &calls, vetoed, now, charge, &context).await;
             assert_eq!(reply.outcomes[0], refund.outcome, "{context}: Lua vs Rust");
             if let Some(next) = refund.state {
                 state = Some(next);
@@ -269,23 +277,7 @@ async fn run_sequence(
             let decided = algorithm::decide(&params, state.as_ref(), now, hits, charge);
             let mut expected = decided.outcome;
             let calls = [hit(hits), blocker.clone()];
-            let sent = if op == Op::Veto {
-                &calls[..]
-            } else {
-                &calls[..1]
-            };
-            let call = Call {
-                op: call::Op::Apply { now },
-                hits: sent,
-                node: None,
-                charge,
-                complete: true,
-                prefix: "",
-                grace_ms: 3_600_000,
-            };
-            let reply = call_on(connection, &call)
-                .await
-                .unwrap_or_else(|error| panic!("{context}: {error}"));
+            let reply = apply(connection, &calls, op == Op::Veto, now, charge, &context).await;
             if op == Op::Veto {
                 tally.vetoed += 1;
                 if expected.allowed {

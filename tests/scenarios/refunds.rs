@@ -206,6 +206,33 @@ on_every_store!(
 
 // Besides the scenarios, on the memory store only.
 memory_only! {
+    /// With `--count-denied` denied hits count too, and a refund comes off that count.
+    #[tokio::test]
+    async fn with_count_denied_a_refund_comes_off_the_count_denied_hits_included() {
+        let server = start_with(
+            &[("refunds.yaml", REFUNDS)],
+            Setup {
+                charge: tollgate::algorithm::Charge::Always,
+                ..Setup::default()
+            },
+        )
+        .await;
+        ask(&server, vec![part("fixed_window", 10, false)]).await;
+        assert_eq!(
+            ask(&server, vec![part("fixed_window", 2, false)]).await,
+            (OVER, vec![(OVER, 0)])
+        );
+        // 12 counted: a refund of 2 leaves it at the limit still, 3 more leave room for 3.
+        assert_eq!(
+            ask(&server, vec![part("fixed_window", 2, true)]).await,
+            (OK, vec![(OK, 0)])
+        );
+        assert_eq!(
+            ask(&server, vec![part("fixed_window", 3, true)]).await,
+            (OK, vec![(OK, 3)])
+        );
+    }
+
     /// Refunds count in `total_negative_hits` alone, in /metrics and in the reference's stats.
     #[tokio::test]
     async fn refunds_count_as_negative_hits_and_in_no_other_counter() {

@@ -29,7 +29,8 @@ pub fn give_back(
 /// A refund the client asks for (Envoy's `is_negative_hits`): `hits` go back to the budget at
 /// `now`, never below an empty counter nor above a full one. Each algorithm gives back what
 /// the hits would not have taken had they never been spent:
-/// - fixed window: off the current window's count (hits of an ended window are gone anyway);
+/// - fixed window: off the current window's count, whichever window the hits were spent in
+///   (as the reference does: a refund after the window ended can give the new window more);
 /// - sliding window: off the current window's count (hits of the window before weigh less
 ///   each instant and are gone within a window);
 /// - sliding log: the newest entries, so the minimum interval counts from the hit before;

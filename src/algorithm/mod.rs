@@ -1,9 +1,10 @@
 //! Counting algorithms: each is data (from the config) plus pure functions of (stored state,
 //! now, limit, hits): `decide` → (new state, outcome); `give_back` → the state with consumed
 //! hits returned (when another part of a vetoed request was counted elsewhere) and `refund`
-//! → the hits a client gives back (both in `given_back.rs`). Stores call them; nothing here reads a clock or touches storage, so every
-//! algorithm is tested with explicit instants. Each Redis Lua port
-//! (`storage/redis/lua/<name>.lua`) has the same two functions under the same names.
+//! → the hits a client gives back (both in `given_back.rs`). Stores call them; nothing here
+//! reads a clock or touches storage, so every algorithm is tested with explicit instants.
+//! Each Redis Lua port (`storage/redis/lua/<name>.lua`) has the same functions under the
+//! same names.
 //!
 //! Everything that names an algorithm is in this file, in exhaustive `match`es: its config
 //! name and parameters (`FromStr`, `Display`, `configure`), the tag that keys its counters and

@@ -91,11 +91,16 @@ impl RlsService {
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
                 let mut response = encode(decision);
                 if let Some(values) = upstream {
-                    let names = options.upstream_limit_header_names.iter();
+                    // A name left out keeps its default.
+                    let names = &options.upstream_limit_header_names;
+                    let named = headers::LEGACY_HEADER_NAMES
+                        .iter()
+                        .enumerate()
+                        .map(|(index, default)| names.get(index).map_or(*default, String::as_str));
                     response
                         .request_headers_to_add
-                        .extend(names.zip(values).map(|(name, value)| pb::HeaderValue {
-                            key: name.clone(),
+                        .extend(named.zip(values).map(|(name, value)| pb::HeaderValue {
+                            key: name.to_owned(),
                             value,
                             ..Default::default()
                         }));

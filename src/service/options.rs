@@ -75,7 +75,7 @@ pub struct ServiceOptions {
 
     /// The names of those upstream headers, in the order limit, remaining, reset, separated
     /// by `,` (the reference's LIMIT_REQUEST_LIMIT_HEADER, …_REMAINING_HEADER and
-    /// …_RESET_HEADER).
+    /// …_RESET_HEADER); a name left out keeps its default.
     #[arg(long, env = "TOLLGATE_UPSTREAM_LIMIT_HEADER_NAMES", value_delimiter = ',', value_parser = header_name, default_value = "RateLimit-Limit,RateLimit-Remaining,RateLimit-Reset", help_heading = "Responses and load shedding")]
     pub upstream_limit_header_names: Vec<String>,
 

@@ -5,8 +5,9 @@
 //! denied hit must still be counted in the store).
 //!
 //! Safe: a denial lasts at least until its `retry_after` whatever other replicas do (they can
-//! only consume more), except for a refund of a vetoed request, which can make room a little
-//! early, or an operator resetting the counter in the store; the cache then under-admits,
+//! only consume more), except for a give-back of a vetoed request or a client's refund on
+//! another replica, which can make room early, or an operator resetting the counter in the
+//! store; the cache then under-admits,
 //! never over-admits. How long it can do so is bounded by `max_ttl`: a denial is answered
 //! locally for at most that long before the store is asked again (`--deny-cache-max-ttl`,
 //! 1 s by default, so a reset is honoured on every replica within about a second), while the

@@ -47,7 +47,7 @@ pub struct StoreOptions {
     pub key_prefix: String,
 
     /// File holding the Redis password (overrides one in the URL); a trailing newline is
-    /// ignored, an empty file means no password.
+    /// ignored, an empty file gives none.
     #[arg(long, env = "TOLLGATE_REDIS_PASSWORD_FILE")]
     pub redis_password_file: Option<PathBuf>,
 
@@ -230,8 +230,8 @@ impl StoreOptions {
     }
 
     /// The password in --redis-password-file (for --store; a --store-per-second URL carries
-    /// its own). An empty file means no password: a Kubernetes Secret mounted for a Redis
-    /// that has none.
+    /// its own). An empty file gives none (a password in the URL, if any, stands): a
+    /// Kubernetes Secret mounted for a Redis that has none.
     fn redis_password(&self) -> Result<Option<String>, StoreSpecError> {
         let Some(path) = &self.redis_password_file else {
             return Ok(None);

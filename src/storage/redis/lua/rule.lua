@@ -3,7 +3,8 @@
 -- enforced descriptor is over, or, when the call holds the whole request, when it has quota
 -- descriptors and every one is over; shadow hits never veto. A descriptor is over when any of
 -- its hits is denied; its hits are adjacent.
--- A hit's role, as packed (call/numbers.rs, `role_code`): 0 enforced, 1 quota, 2 shadow.
+-- A hit's role, as packed (call/numbers.rs, `role_code`): 0 enforced, 1 quota, 2 shadow,
+-- 3 refund (never over: a refund is answered allowed).
 local ENFORCED, QUOTA = 0, 1
 
 -- `allowed[i]` says whether hit i fits; its role and descriptor index are h[at(i) + role_at]

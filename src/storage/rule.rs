@@ -90,24 +90,33 @@ pub fn decide(
     if vetoed {
         return vetoed_with_refunds(hits, found, now, outcomes);
     }
+    Decided {
+        outcomes,
+        committed: true,
+        writes: last_writes(hits, left, &wrote),
+    }
+}
+
+/// Per hit: for the last hit of each counter some hit changed, the state `left` by it and the
+/// expiry of the last hit that changed it (`wrote`); `None` for every other hit.
+fn last_writes(
+    hits: &[Hit],
+    mut left: PerHit<Option<State>>,
+    wrote: &[Option<Micros>],
+) -> PerHit<Option<(State, Micros)>> {
     let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
     for index in 0..hits.len() {
-        let is_last = !hits[index + 1..]
-            .iter()
-            .any(|later| later.key == hits[index].key);
+        let key = &hits[index].key;
+        let is_last = !hits[index + 1..].iter().any(|later| later.key == *key);
         let last_write = (0..=index)
             .rev()
-            .filter(|&i| hits[i].key == hits[index].key)
+            .filter(|&i| hits[i].key == *key)
             .find_map(|i| wrote[i]);
         if let (true, Some(expires_at), Some(state)) = (is_last, last_write, left[index].take()) {
             writes[index] = Some((state, expires_at));
         }
     }
-    Decided {
-        outcomes,
-        committed: true,
-        writes,
-    }
+    writes
 }
 
 /// What one hit does to the state its counter is in.
@@ -134,7 +143,6 @@ fn vetoed_with_refunds(
     now: Micros,
     mut outcomes: PerHit<Outcome>,
 ) -> Decided {
-    let mut writes: PerHit<Option<(State, Micros)>> = hits.iter().map(|_| None).collect();
     let mut left: PerHit<Option<State>> = SmallVec::with_capacity(hits.len());
     let mut refunded: PerHit<Option<Micros>> = SmallVec::with_capacity(hits.len());
     for (index, hit) in hits.iter().enumerate() {
@@ -144,7 +152,7 @@ fn vetoed_with_refunds(
         };
         let (state, expires_at) = match hit.role {
             Role::Refund => {
-                let refund = algorithm::given_back::refund(&hit.params, before, now, hit.hits);
+                let refund = transition(hit, before, now, Charge::IfAllowed);
                 outcomes[index] = refund.outcome;
                 let expires_at = refund.state.as_ref().map(|_| refund.expires_at);
                 (refund.state.or_else(|| before.cloned()), expires_at)
@@ -160,21 +168,10 @@ fn vetoed_with_refunds(
         left.push(state);
         refunded.push(expires_at);
     }
-    for index in 0..hits.len() {
-        let key = &hits[index].key;
-        let is_last = !hits[index + 1..].iter().any(|later| later.key == *key);
-        let last_refund = (0..=index)
-            .rev()
-            .filter(|&i| hits[i].key == *key)
-            .find_map(|i| refunded[i]);
-        if let (true, Some(expires_at), Some(state)) = (is_last, last_refund, left[index].take()) {
-            writes[index] = Some((state, expires_at));
-        }
-    }
     Decided {
         outcomes,
         committed: false,
-        writes,
+        writes: last_writes(hits, left, &refunded),
     }
 }
 

@@ -38,6 +38,17 @@ const SMOOTHING_PERIOD: Duration = Duration::from_secs(5);
 /// a new bucket covers none (0), and a rate over a few microseconds is noise.
 const MIN_ELAPSED: Duration = Duration::from_millis(10);
 
+/// How far the time between two reports, as this process saw them arrive, may stray from
+/// the whole seconds Envoy wrote and still be taken as the true time covered (the network
+/// and the two event loops delay each report by a few milliseconds at most).
+const ARRIVAL_JITTER: Duration = Duration::from_millis(250);
+
+/// A report whose count strays further than this many standard deviations of a Poisson
+/// count from what the known demand predicts (and by more than `SHIFT_FLOOR` of it) is a
+/// change of load, not noise: it is taken whole rather than smoothed.
+const SHIFT_DEVIATIONS: f64 = 3.0;
+const SHIFT_FLOOR: f64 = 0.1;
+
 /// Longest time one report is taken to cover.
 const MAX_ELAPSED: Duration = Duration::from_secs(3_600);
 
@@ -122,6 +133,8 @@ pub(super) struct Subscription {
     pub(super) last_used: Instant,
     /// The time its latest report covered: how often the stream reports.
     pub(super) period: Duration,
+    /// When its latest report arrived here.
+    pub(super) reported_at: Instant,
     pub(super) sent: Option<Sent>,
 }
 
@@ -207,7 +220,6 @@ impl Registry {
         let mut new = Vec::new();
         for usage in reports.bucket_quota_usages {
             let key = bucket_key(usage.bucket_id.map(|b| b.bucket))?;
-            let elapsed = usage.time_elapsed.map_or(Duration::ZERO, elapsed);
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
@@ -228,12 +240,20 @@ impl Registry {
                 stream.buckets.insert(Arc::clone(&bucket.key));
                 new.push(Arc::clone(&bucket.key));
             }
-            let subscription = bucket.members.entry(id).or_insert(Subscription {
-                demand: None,
-                last_used: now,
-                period: Duration::ZERO,
-                sent: None,
-            });
+            let mut since_last = None;
+            let subscription = bucket
+                .members
+                .entry(id)
+                .and_modify(|known| since_last = Some(now - known.reported_at))
+                .or_insert(Subscription {
+                    demand: None,
+                    last_used: now,
+                    period: Duration::ZERO,
+                    reported_at: now,
+                    sent: None,
+                });
+            let elapsed = covered(usage.time_elapsed, since_last);
+            subscription.reported_at = now;
             if requests > 0 {
                 subscription.last_used = now;
             }
@@ -241,6 +261,7 @@ impl Registry {
                 subscription.period = elapsed;
             }
             subscription.demand = smoothed(subscription.demand, requests, elapsed);
+            tracing::debug!(stream = id, requests, ?elapsed, demand = ?subscription.demand, "RLQS report");
         }
         // The newcomer gets its share of the new split at once; the others get theirs at the
         // next round (telling every stream of a bucket of n streams at each subscription
@@ -317,6 +338,7 @@ impl State {
                 Reach::Due => grant::due(subscription.sent.as_ref(), grant, now, ttl),
             };
             if send {
+                tracing::debug!(stream = id, demand = ?subscription.demand, ?grant, "RLQS assignment");
                 subscription.sent = Some(Sent { grant, at: now });
                 actions.push((id, grant::assign(&at.1, grant, ttl)));
             }
@@ -365,20 +387,52 @@ pub(super) fn grants(
         .collect()
 }
 
-/// The demand after a report of `requests` over `elapsed`, by its real duration (Envoy 1.40
-/// counts whole seconds; sub-second reports with nanoseconds count as they are). A report
-/// under `MIN_ELAPSED` says nothing about the rate.
+/// The time a report covers. Envoy 1.40 writes whole seconds, truncated: a report sent every
+/// 5 s covers 4.999 s as often as 5.001 s, and says 4 s for the first, a rate a quarter too
+/// high. When the report says whole seconds and the time since the stream's previous report
+/// of the bucket arrived fits them (from the seconds written to one second more), that time
+/// is the truer one; a report with nanoseconds, or one that does not fit (the first of a
+/// subscription, a stream that missed reports), counts as written.
+fn covered(reported: Option<prost_types::Duration>, since_last: Option<Duration>) -> Duration {
+    let Some(reported) = reported else {
+        return Duration::ZERO;
+    };
+    let whole_seconds = reported.nanos == 0;
+    let reported = elapsed(reported);
+    match since_last {
+        Some(measured)
+            if whole_seconds
+                && !reported.is_zero()
+                && measured + ARRIVAL_JITTER >= reported
+                && measured < reported + Duration::from_secs(1) + ARRIVAL_JITTER =>
+        {
+            measured.clamp(reported, reported + Duration::from_secs(1))
+        }
+        _ => reported,
+    }
+}
+
+/// The demand after a report of `requests` over `elapsed`. A report under `MIN_ELAPSED` says
+/// nothing about the rate. A count within the noise of the known demand moves it by the time
+/// the report covers (`SMOOTHING` for `SMOOTHING_PERIOD`); a count beyond it is a change of
+/// load and replaces it, so that streams whose load changed alike are given alike at the
+/// first report after the change, whatever they offered before.
 fn smoothed(known: Option<f64>, requests: u64, elapsed: Duration) -> Option<f64> {
     if elapsed < MIN_ELAPSED {
         return known;
     }
-    let rate = requests as f64 / elapsed.as_secs_f64();
-    let periods = elapsed.as_secs_f64() / SMOOTHING_PERIOD.as_secs_f64();
-    let weight = 1.0 - (1.0 - SMOOTHING).powf(periods);
-    Some(match known {
-        Some(known) => weight * rate + (1.0 - weight) * known,
-        None => rate,
-    })
+    let seconds = elapsed.as_secs_f64();
+    let rate = requests as f64 / seconds;
+    let Some(known) = known else {
+        return Some(rate);
+    };
+    let expected = known * seconds;
+    let noise = (SHIFT_DEVIATIONS * expected.max(1.0).sqrt()).max(SHIFT_FLOOR * expected);
+    if (requests as f64 - expected).abs() > noise {
+        return Some(rate);
+    }
+    let weight = 1.0 - (1.0 - SMOOTHING).powf(seconds / SMOOTHING_PERIOD.as_secs_f64());
+    Some(weight * rate + (1.0 - weight) * known)
 }
 
 /// The time a report covers, at most `MAX_ELAPSED` (anything longer says nothing more about
@@ -438,10 +492,51 @@ mod tests {
         // No time (a new bucket's first report), or too little: the demand stays as known.
         assert_eq!(smoothed(None, 20, Duration::ZERO), None);
         assert_eq!(smoothed(Some(7.0), 20, ms(1)), Some(7.0));
-        // A report of the smoothing period weighs SMOOTHING, a shorter one less.
-        let five = smoothed(Some(0.0), 500, Duration::from_secs(5)).unwrap();
-        assert!((five - 70.0).abs() < 1e-9, "{five}");
-        let short = smoothed(Some(0.0), 10, ms(100)).unwrap();
-        assert!(short > 0.0 && short < 0.7 * 100.0, "{short}");
+        // Within the noise, a report of the smoothing period weighs SMOOTHING, a shorter one
+        // less.
+        let five = smoothed(Some(100.0), 520, Duration::from_secs(5)).unwrap();
+        assert!((five - 102.8).abs() < 1e-9, "{five}");
+        let short = smoothed(Some(100.0), 11, ms(100)).unwrap();
+        assert!(
+            short > 100.0 && short < 0.7 * 110.0 + 0.3 * 100.0,
+            "{short}"
+        );
+    }
+
+    #[test]
+    fn a_change_of_load_beyond_the_noise_replaces_the_demand() {
+        let five = Duration::from_secs(5);
+        // 200/s, then 50/s: the first report after the change says it all, whatever the
+        // stream offered before; so do two streams that both fell to 50/s.
+        assert_eq!(smoothed(Some(200.0), 250, five), Some(50.0));
+        assert_eq!(smoothed(Some(100.0), 250, five), Some(50.0));
+        // 3 standard deviations of 500 requests is 67, 10% of it 50: 560 is noise, 570 not.
+        assert_eq!(smoothed(Some(100.0), 570, five), Some(114.0));
+        let noise = smoothed(Some(100.0), 560, five).unwrap();
+        assert!((noise - 108.4).abs() < 1e-9, "{noise}");
+        // At high rates the floor of 10% holds the noise band open.
+        let busy = smoothed(Some(10_000.0), 52_000, five).unwrap();
+        assert!((busy - 10_280.0).abs() < 1e-6, "{busy}");
+    }
+
+    #[test]
+    fn whole_seconds_truncated_by_envoy_count_as_the_time_between_reports() {
+        let whole = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
+        let ms = Duration::from_millis;
+        // Envoy wrote 4 s for a report 4.998 s after the previous one: 4.998 s it covered.
+        assert_eq!(covered(whole(4), Some(ms(4_998))), ms(4_998));
+        assert_eq!(covered(whole(5), Some(ms(5_003))), ms(5_003));
+        // A few milliseconds of arrival jitter stay within the seconds written.
+        assert_eq!(covered(whole(5), Some(ms(4_990))), ms(5_000));
+        // Nanoseconds written, no previous report, or times that do not fit: as written.
+        let precise = Some(prost_types::Duration {
+            seconds: 4,
+            nanos: 500_000_000,
+        });
+        assert_eq!(covered(precise, Some(ms(4_998))), ms(4_500));
+        assert_eq!(covered(whole(4), None), ms(4_000));
+        assert_eq!(covered(whole(5), Some(ms(15_000))), ms(5_000));
+        assert_eq!(covered(whole(0), Some(ms(700))), Duration::ZERO);
+        assert_eq!(covered(None, Some(ms(5_000))), Duration::ZERO);
     }
 }

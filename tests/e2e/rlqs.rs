@@ -111,8 +111,18 @@ async fn split_follows_demand(envoys: &[QuotaEnvoy], tollgates: &[SocketAddr]) {
         &shifted,
         SHIFTED,
         followed.clone(),
-        followed,
+        followed.clone(),
         "shifted to 200/50/50",
+    );
+    // Equal demand, equal shares: Envoys 1 and 2 both offer 50/s after the shift, having
+    // offered 100/s and 200/s before it.
+    let (one, two) = (
+        admitted(&shifted[1][followed.clone()]),
+        admitted(&shifted[2][followed]),
+    );
+    assert!(
+        (one - two).abs() <= 0.05 * one.max(two),
+        "envoys offering 50/s each admitted {one:.1}/s and {two:.1}/s"
     );
 
     let requests: u64 = first

@@ -31,13 +31,14 @@
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
 //!   change state): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
-//!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/rlqs.rs`: RLQS
+//!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/requests.rs`: the requests
+//!   a run cycles through; `bench/rlqs.rs`: RLQS
 //!   streams): the load generators.
 //! - `service`: RLS v3 over gRPC (`service/options.rs` `ServiceOptions`, the response flags;
 //!   `service/encode.rs` the reference's status shapes; `service/failure.rs` the answer when
 //!   the store fails; `service/deadline.rs` the client's deadline). `rlqs`: the Rate
-//!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/split.rs` a
-//!   rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/report.rs` what
+//!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/demand.rs` a
+//!   stream's demand from its reports, `rlqs/split.rs` a rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/report.rs` what
 //!   a stream may report, `rlqs/registry.rs` the
 //!   streams and their subscriptions, `rlqs/rebalance.rs` the periodic split and the demand
 //!   shared through the store, `rlqs/listing.rs` the buckets on `/config`, `rlqs/service.rs`

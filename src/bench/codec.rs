@@ -10,12 +10,9 @@ use tonic::{Status, client::Grpc};
 
 use crate::pb;
 
-/// Each request as its protobuf encoding.
-pub(super) fn encoded(requests: &[pb::RateLimitRequest]) -> Vec<Bytes> {
-    requests
-        .iter()
-        .map(|request| Bytes::from(request.encode_to_vec()))
-        .collect()
+/// A request as its protobuf encoding.
+pub(super) fn encoded(request: &pb::RateLimitRequest) -> Bytes {
+    Bytes::from(request.encode_to_vec())
 }
 
 /// A codec for calls whose request is already encoded: the bytes go out as they are, and the

@@ -14,20 +14,21 @@ use std::time::{Duration, Instant};
 
 use clap::builder::BoolishValueParser;
 use hdrhistogram::Histogram;
-use prost::bytes::Bytes;
 use serde::Serialize;
 use tonic::client::Grpc;
 use tonic::transport::Channel;
 
 pub mod calls;
 mod codec;
+mod requests;
 pub mod rlqs;
 
-use codec::{call, encoded};
+use codec::call;
+pub use requests::{RequestShape, Requests};
 
 use crate::client::ClientArgs;
 use crate::clock::{Clock, SystemClock};
-use crate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
+use crate::pb::rate_limit_response as rls;
 
 /// `tollgate bench`: what to send, how hard, and for how long.
 #[derive(Debug, clap::Args)]
@@ -35,25 +36,8 @@ pub struct BenchArgs {
     #[command(flatten)]
     pub server: ClientArgs,
 
-    /// Rate-limit domain of every request.
-    #[arg(long, env = "TOLLGATE_BENCH_DOMAIN", default_value = "bench")]
-    pub domain: String,
-
-    /// Descriptor entry key.
-    #[arg(long, env = "TOLLGATE_BENCH_KEY", default_value = "user")]
-    pub key: String,
-
-    /// Distinct values cycled through (distinct counters).
-    #[arg(long, env = "TOLLGATE_BENCH_VALUES", default_value_t = 10_000)]
-    pub values: usize,
-
-    /// Descriptors per request.
-    #[arg(long, env = "TOLLGATE_BENCH_DESCRIPTORS", default_value_t = 1)]
-    pub descriptors: usize,
-
-    /// Request-level hits_addend (0 means 1).
-    #[arg(long, env = "TOLLGATE_BENCH_HITS", default_value_t = 0)]
-    pub hits: u32,
+    #[command(flatten)]
+    pub requests: RequestShape,
 
     /// Requests in flight.
     #[arg(long, env = "TOLLGATE_BENCH_CONCURRENCY", default_value_t = 64)]
@@ -204,32 +188,8 @@ impl Tally {
     }
 }
 
-/// The requests a run cycles through: one per distinct value, each with `descriptors`
-/// descriptors on `key` (values `<n>` or `<n>-<j>`, so every descriptor has its own counter).
-pub fn requests(args: &BenchArgs) -> Vec<pb::RateLimitRequest> {
-    (0..args.values.max(1))
-        .map(|value| pb::RateLimitRequest {
-            domain: args.domain.clone(),
-            descriptors: (0..args.descriptors.max(1))
-                .map(|j| pb::RateLimitDescriptor {
-                    entries: vec![desc::Entry {
-                        key: args.key.clone(),
-                        value: if args.descriptors > 1 {
-                            format!("{value}-{j}")
-                        } else {
-                            value.to_string()
-                        },
-                    }],
-                    ..Default::default()
-                })
-                .collect(),
-            hits_addend: args.hits,
-        })
-        .collect()
-}
-
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {
-    let requests = Arc::new(encoded(&requests(args)));
+    let requests = Arc::new(Requests::new(&args.requests));
     let mut channels = Vec::new();
     for _ in 0..args.connections.max(1) {
         let channel = args.server.endpoint()?.tcp_nodelay(true).connect().await?;
@@ -317,7 +277,7 @@ fn write_times(path: &std::path::Path, times: &[u64]) -> anyhow::Result<()> {
 /// calls that start after `measure_from`.
 async fn closed_loop(
     channel: Channel,
-    requests: Arc<Vec<Bytes>>,
+    requests: Arc<Requests>,
     (first, stride): (usize, usize),
     (measure_from, end): (Instant, Instant),
     tally: Result<Tally, hdrhistogram::CreationError>,
@@ -330,7 +290,7 @@ async fn closed_loop(
         if started >= end {
             return Ok(tally);
         }
-        let answer = call(&mut client, requests[next].clone()).await;
+        let answer = call(&mut client, requests.get(next)).await;
         next = (next + stride) % requests.len();
         if started >= measure_from {
             tally.record(answer, started.elapsed());
@@ -342,7 +302,7 @@ async fn closed_loop(
 /// its scheduled start.
 async fn open_loop(
     channels: Vec<Channel>,
-    requests: Arc<Vec<Bytes>>,
+    requests: Arc<Requests>,
     rate: u64,
     (measure_from, end): (Instant, Instant),
     tally: Tally,
@@ -367,7 +327,7 @@ async fn open_loop(
         }
         let index = usize::try_from(n).unwrap_or(0);
         let mut client = Grpc::new(channels[index % channels.len()].clone());
-        let request = requests[index % requests.len()].clone();
+        let request = requests.get(index);
         let tally = Arc::clone(&tally);
         calls.spawn(async move {
             let answer = call(&mut client, request).await;

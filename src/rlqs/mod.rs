@@ -4,6 +4,7 @@
 //! request. docs/rlqs.md describes the model.
 //!
 //! - `bucket`: which rule a bucket falls under, and what it gives (allow all, deny all, a rate);
+//! - `demand`: what a stream's reports say about its demand (the time each covers, smoothing);
 //! - `split`: one rate divided among streams by demand, with a floor;
 //! - `grant`: what one stream is given, as the protocol's strategy, and when it is resent;
 //! - `report`: what a stream may report, and why a report is refused (`ReportError`);
@@ -13,6 +14,7 @@
 //! - `service`: the gRPC stream, and the service as served.
 
 pub mod bucket;
+pub mod demand;
 pub mod grant;
 pub mod listing;
 pub mod rebalance;

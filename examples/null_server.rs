@@ -56,8 +56,10 @@ fn main() -> anyhow::Result<()> {
     flavor.build()?.block_on(async {
         let listener = TcpListener::bind(addr).await?;
         eprintln!("null handler listening on {addr} ({flavor:?})");
-        let router =
-            tollgate::server::grpc_server().add_service(RateLimitServiceServer::new(NullHandler));
+        let router = tollgate::server::grpc_server(
+            tollgate::intake::IntakeOptions::default().grpc_max_streams,
+        )
+        .add_service(RateLimitServiceServer::new(NullHandler));
         // Never stopped: the benchmark kills the process.
         let (_stop, stopped) = watch::channel(false);
         match flavor {
@@ -70,7 +72,12 @@ fn main() -> anyhow::Result<()> {
                     .await?
             }
             Flavor::PerCore => {
-                runtime::serve_grpc(router, listener, flavor.grpc_runtimes(), stopped).await?
+                let acceptor = tollgate::server::grpc_acceptor(
+                    listener,
+                    &Default::default(),
+                    &Default::default(),
+                );
+                runtime::serve_grpc(router, acceptor, flavor.grpc_runtimes(), stopped).await?
             }
         }
         Ok(())

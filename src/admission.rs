@@ -4,22 +4,14 @@
 //! process a bounded memory, instead of every request slowing down together.
 //!
 //! On gRPC, a request that would be refused at once is refused before it is read
-//! ([`Admitted`]): such a refusal costs no decoding, no tracing span and no limiter work.
+//! (`service::RlsRoute`): such a refusal costs no decoding, no tracing span and no limiter
+//! work.
 
-use std::convert::Infallible;
-use std::future::{Ready, ready};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::future::Either;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tonic::body::Body;
-use tonic::codegen::{Service, http};
-use tonic::server::NamedService;
-
-use crate::metrics::Metrics;
 
 /// Why a request was not admitted.
 #[derive(Debug, thiserror::Error)]
@@ -112,63 +104,6 @@ impl Drop for Queued {
     fn drop(&mut self) {
         self.0.waiting.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// A gRPC service in front of which a call is refused with RESOURCE_EXHAUSTED, its body never
-/// read, when the service would refuse it anyway: every slot busy and `max_in_flight`
-/// requests waiting. Any other call goes on to the service, which takes its slot once the
-/// request is read (`Admission::enter`): a client that sends headers and never the end of
-/// its request must not hold a slot.
-#[derive(Clone)]
-pub struct Admitted<S> {
-    inner: S,
-    admission: Arc<Admission>,
-    metrics: Arc<Metrics>,
-}
-
-impl<S> Admitted<S> {
-    pub fn new(inner: S, admission: Arc<Admission>, metrics: Arc<Metrics>) -> Self {
-        Self {
-            inner,
-            admission,
-            metrics,
-        }
-    }
-}
-
-type Answer = Result<http::Response<Body>, Infallible>;
-
-impl<S> Service<http::Request<Body>> for Admitted<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = Either<S::Future, Ready<Answer>>;
-
-    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(context)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        match self.admission.refuses_at_once() {
-            None => Either::Left(self.inner.call(request)),
-            Some(overloaded) => {
-                // Counted as the service counts its own refusals, and observed as answered
-                // at once, so the decision histogram still counts every answered request.
-                self.metrics.service.observe_decision(Duration::ZERO);
-                self.metrics
-                    .service
-                    .count_request(tonic::Code::ResourceExhausted);
-                let refusal = tonic::Status::resource_exhausted(overloaded.to_string());
-                Either::Right(ready(Ok(refusal.into_http())))
-            }
-        }
-    }
-}
-
-impl<S: NamedService> NamedService for Admitted<S> {
-    const NAME: &'static str = S::NAME;
 }
 
 #[cfg(test)]

@@ -27,16 +27,17 @@
 //!   the command line (`serve`, `check`, `query`, `bench`, `bench-rlqs`, `health`, `reset`,
 //!   and the hidden `bench-calls`); `main.rs` parses it.
 //! - `server`: listeners, health probe, reload task, graceful shutdown (`server/grpc.rs`: the
-//!   gRPC routes and transport).
+//!   gRPC routes and transport; `server/http.rs`: the HTTP listeners).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
 //!   change state): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
 //!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/requests.rs`: the requests
-//!   a run cycles through; `bench/rlqs.rs`: RLQS
+//!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC port; `bench/rlqs.rs`: RLQS
 //!   streams): the load generators.
 //! - `service`: RLS v3 over gRPC (`service/options.rs` `ServiceOptions`, the response flags;
 //!   `service/encode.rs` the reference's status shapes; `service/failure.rs` the answer when
-//!   the store fails; `service/deadline.rs` the client's deadline). `rlqs`: the Rate
+//!   the store fails; `service/deadline.rs` the client's deadline; `service/route.rs` the method as an HTTP/2
+//!   route). `rlqs`: the Rate
 //!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/demand.rs` a
 //!   stream's demand from its reports, `rlqs/split.rs` a rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/report.rs` what
 //!   a stream may report, `rlqs/registry.rs` the
@@ -44,7 +45,8 @@
 //!   shared through the store, `rlqs/listing.rs` the buckets on `/config`, `rlqs/service.rs`
 //!   the gRPC stream).
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
-//!   `admission`: load shedding; `health`: readiness; `reload`: watching the config;
+//!   `admission`: load shedding; `intake` (`intake/unary.rs` a unary call's message,
+//!   `intake/metered.rs` a stream's messages): requests as they arrive; `health`: readiness; `reload`: watching the config;
 //!   `statsd`: the metrics sent to statsd (TCP or UDP) under the reference's stat names;
 //!   `xds`: rules pushed by a control plane (`config/xds.rs` reads the resources).
 //! - `limiter`: the decision, free of transport types (`limiter/stats.rs` counts it in the
@@ -80,9 +82,12 @@
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
 //!   value; `pb`: generated protobuf code; `metrics`: every metric, one small struct per part
 //!   (`metrics/limits.rs` the per-limit counters on `metrics/counters.rs`, `metrics/service.rs`,
-//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS;
+//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS,
+//!   `metrics/connections.rs` the listeners;
 //!   `metrics/reference.rs` the reference's stat names and Prometheus series read off them);
-//!   `process`: the `process_*` metrics; `telemetry`: logs and traces; `runtime`:
+//!   `process`: the `process_*` metrics; `inbound` (`inbound/accept.rs` accepting within a
+//!   cap, `inbound/watched.rs` one connection's deadlines, `inbound/conduct.rs` what it has
+//!   waiting): connections as accepted; `telemetry`: logs and traces; `runtime`:
 //!   the tokio runtimes; `shutdown`: signals; `tls`: the gRPC listener's TLS; `options`: the
 //!   parts' options structs' defaults.
 
@@ -98,6 +103,8 @@ pub mod descriptor;
 pub mod dynamic_metadata;
 pub mod headers;
 pub mod health;
+pub mod inbound;
+pub mod intake;
 pub mod limit;
 pub mod limiter;
 pub mod metrics;

@@ -19,13 +19,15 @@ use std::cell::Cell;
 use std::future::Future;
 use std::io;
 use std::net::TcpStream as StdTcpStream;
-use std::time::Duration;
 
 use futures_util::stream::{self, Stream};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::runtime::{Builder, Runtime};
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::server::Router;
+
+use crate::inbound::accept::{Accepted, Acceptor};
+use crate::inbound::watched::Inbound;
 
 /// Why serving across runtimes failed.
 #[derive(Debug, thiserror::Error)]
@@ -86,7 +88,7 @@ pub async fn wait_for(mut stopped: watch::Receiver<bool>) {
 /// runtime drain its connections. Returns when all have.
 pub async fn serve_grpc(
     router: Router,
-    listener: TcpListener,
+    listener: Acceptor,
     runtimes: usize,
     stopped: watch::Receiver<bool>,
 ) -> Result<(), RuntimeError> {
@@ -118,8 +120,8 @@ pub async fn serve_grpc(
 /// Accepts connections and hands them to the runtimes in turn, until `stopped`; then the
 /// senders are dropped, which ends each runtime's incoming stream.
 async fn deal(
-    listener: TcpListener,
-    mut runtimes: Vec<mpsc::UnboundedSender<StdTcpStream>>,
+    mut listener: Acceptor,
+    mut runtimes: Vec<mpsc::UnboundedSender<Accepted<StdTcpStream>>>,
     stopped: watch::Receiver<bool>,
 ) {
     let mut turn = 0;
@@ -128,11 +130,7 @@ async fn deal(
             accepted = listener.accept() => accepted,
             () = wait_for(stopped.clone()) => return,
         };
-        match accepted.and_then(|(connection, _)| {
-            // Answers are small and latency-bound: no Nagle delay.
-            connection.set_nodelay(true)?;
-            connection.into_std()
-        }) {
+        match accepted.map(TcpStream::into_std) {
             Ok(mut connection) => {
                 // A runtime gone (its thread failed; `serve_grpc` returns its error at the
                 // end) gets no more connections: the others take its share.
@@ -149,11 +147,7 @@ async fn deal(
                 }
                 turn = turn.wrapping_add(1);
             }
-            Err(error) => {
-                // Typically out of file descriptors: pause rather than spin.
-                tracing::warn!(%error, "accepting a gRPC connection failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+            Err(error) => tracing::debug!(%error, "a gRPC connection could not be handed over"),
         }
     }
 }
@@ -161,11 +155,14 @@ async fn deal(
 /// The connections dealt to one runtime, registered with that runtime's reactor as they are
 /// taken (the stream is polled on the runtime that serves them).
 fn incoming(
-    connections: mpsc::UnboundedReceiver<StdTcpStream>,
-) -> impl Stream<Item = io::Result<TcpStream>> {
+    connections: mpsc::UnboundedReceiver<Accepted<StdTcpStream>>,
+) -> impl Stream<Item = io::Result<Inbound<TcpStream>>> {
     stream::unfold(connections, |mut connections| async move {
         let connection = connections.recv().await?;
-        Some((TcpStream::from_std(connection), connections))
+        let registered = connection
+            .map(TcpStream::from_std)
+            .map(Accepted::into_inbound);
+        Some((registered, connections))
     })
 }
 
@@ -173,7 +170,7 @@ fn incoming(
 fn serve_on_thread(
     index: usize,
     router: Router,
-    connections: mpsc::UnboundedReceiver<StdTcpStream>,
+    connections: mpsc::UnboundedReceiver<Accepted<StdTcpStream>>,
     stopped: watch::Receiver<bool>,
 ) -> Result<
     impl Future<Output = Result<Result<(), RuntimeError>, oneshot::error::RecvError>>,

@@ -19,11 +19,14 @@ use rustls::server::{ServerConfig, WebPkiClientVerifier};
 use rustls::{
     CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+
+use crate::inbound::accept::Acceptor;
+use crate::inbound::watched::Inbound;
 
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -214,13 +217,13 @@ impl ClientCertVerifier for NamedClients {
 /// Accepted, handshaken TLS connections, for tonic's `serve_with_incoming_shutdown`. The
 /// accept loop stops when this is dropped.
 pub struct TlsIncoming {
-    connections: mpsc::Receiver<TlsStream<TcpStream>>,
+    connections: mpsc::Receiver<TlsStream<Inbound<TcpStream>>>,
     accept: JoinHandle<()>,
 }
 
 impl TlsIncoming {
     /// Starts accepting on `listener` with `files` (already loaded once into `config`).
-    pub fn new(listener: TcpListener, files: TlsFiles, config: Arc<ServerConfig>) -> Self {
+    pub fn new(listener: Acceptor, files: TlsFiles, config: Arc<ServerConfig>) -> Self {
         let (ready, connections) = mpsc::channel(128);
         let accept = tokio::spawn(accept_loop(listener, files, config, ready));
         Self {
@@ -231,7 +234,7 @@ impl TlsIncoming {
 }
 
 impl futures_util::Stream for TlsIncoming {
-    type Item = Result<TlsStream<TcpStream>, std::io::Error>;
+    type Item = Result<TlsStream<Inbound<TcpStream>>, std::io::Error>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.connections.poll_recv(cx).map(|next| next.map(Ok))
@@ -245,10 +248,10 @@ impl Drop for TlsIncoming {
 }
 
 async fn accept_loop(
-    listener: TcpListener,
+    mut listener: Acceptor,
     files: TlsFiles,
     mut config: Arc<ServerConfig>,
-    ready: mpsc::Sender<TlsStream<TcpStream>>,
+    ready: mpsc::Sender<TlsStream<Inbound<TcpStream>>>,
 ) {
     let mut stamp = files.stamp();
     let mut checked = Instant::now();
@@ -257,16 +260,9 @@ async fn accept_loop(
         let Ok(permit) = Arc::clone(&handshakes).acquire_owned().await else {
             return;
         };
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of file descriptors and the like: wait rather than spin.
-                tracing::warn!(%error, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
+        let accepted = listener.accept().await;
+        let peer = accepted.stream.peer_addr().ok();
+        let tcp = accepted.into_inbound();
         if checked.elapsed() >= CHECK_EVERY {
             checked = Instant::now();
             let now = files.stamp();
@@ -291,8 +287,8 @@ async fn accept_loop(
                 Ok(Ok(stream)) => {
                     let _ = ready.send(stream).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                Ok(Err(error)) => tracing::debug!(?peer, %error, "TLS handshake failed"),
+                Err(_) => tracing::debug!(?peer, "TLS handshake timed out"),
             }
         });
     }

@@ -20,6 +20,7 @@ use tonic::transport::Channel;
 
 pub mod calls;
 mod codec;
+pub mod hostile;
 mod requests;
 pub mod rlqs;
 

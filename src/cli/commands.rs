@@ -32,6 +32,13 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::BenchHostile(args) => {
+            println!(
+                "{}",
+                serde_json::to_string(&bench::hostile::run(&args).await?)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

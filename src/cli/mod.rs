@@ -87,6 +87,10 @@ pub enum Command {
     /// them, and print one JSON line; what they cost Redis is read from Redis around it.
     #[command(hide = true)]
     BenchCalls(CallsArgs),
+    /// Attack a gRPC port as hostile clients would (streams never finished, answers never
+    /// read, silent sockets) and print what was seen as one JSON line (scripts/hostile).
+    #[command(hide = true)]
+    BenchHostile(crate::bench::hostile::HostileArgs),
 }
 
 #[derive(Debug, Args)]

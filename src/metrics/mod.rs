@@ -2,9 +2,10 @@
 //! start with `tollgate_`; counters end in `_total`. One small struct per part, each in its
 //! file and registered here: the per-limit counters (`limits.rs`, on `counters.rs`), the RLS
 //! service (`service.rs`), the stores (`store.rs`), the rules (`config.rs`), readiness
-//! (`health.rs`) and RLQS (`quota.rs`); the process's own metrics come from `process`.
+//! (`health.rs`), RLQS (`quota.rs`) and the listeners' connections (`connections.rs`); the process's own metrics come from `process`.
 
 mod config;
+mod connections;
 mod counters;
 mod health;
 mod limits;
@@ -21,6 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 pub use config::ConfigMetrics;
+pub use connections::{ConnectionMetrics, ListenerMetrics};
 pub use counters::{HeldCounters, Labels, grpc_code, label};
 pub use health::HealthMetrics;
 pub use limits::{LimitHit, LimitMetrics};
@@ -74,6 +76,7 @@ pub struct Metrics {
     pub config: ConfigMetrics,
     pub health: HealthMetrics,
     pub quota: QuotaMetrics,
+    pub connections: ConnectionMetrics,
     /// Whether the exposition carries the reference's series too (`reference.rs`).
     reference_series: bool,
 }
@@ -88,6 +91,7 @@ impl Metrics {
             config: ConfigMetrics::default(),
             health: HealthMetrics::default(),
             quota: QuotaMetrics::default(),
+            connections: ConnectionMetrics::default(),
             reference_series: false,
             tokio_tasks: Gauge::default(),
             process: {
@@ -103,6 +107,7 @@ impl Metrics {
         metrics.config.register(&mut registry);
         metrics.health.register(&mut registry);
         metrics.quota.register(&mut registry);
+        metrics.connections.register(&mut registry);
         let build_info = Family::<Labels, Gauge>::default();
         build_info
             .get_or_create(&label("version", env!("CARGO_PKG_VERSION")))

@@ -1,5 +1,5 @@
-//! The RLS service's metrics: calls by gRPC code, decisions by overall code, and how long a
-//! decision takes.
+//! The RLS service's metrics: calls by gRPC code, requests refused as they arrived, decisions
+//! by overall code, and how long a decision takes.
 
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use super::counters::{Labels, grpc_code, label};
 
 pub struct ServiceMetrics {
     requests: Family<Labels, Counter>,
+    refusals: Family<Labels, Counter>,
     decisions: Family<Labels, Counter>,
     /// The label sets nearly every request counts under, looked up once rather than per call.
     requests_ok: Counter,
@@ -36,6 +37,7 @@ impl Default for ServiceMetrics {
             decisions_ok,
             decisions_over,
             requests,
+            refusals: Family::default(),
             decisions,
             // 10 µs to ~5 s.
             decision_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
@@ -49,6 +51,11 @@ impl ServiceMetrics {
             "requests",
             "ShouldRateLimit calls by gRPC status code",
             self.requests.clone(),
+        );
+        registry.register(
+            "intake_refusals",
+            "Requests refused while they arrived, by reason: timeout (not whole within --grpc-request-timeout), reading (--grpc-max-requests-reading), bytes (--grpc-max-bytes-reading), too_large, framing, broken",
+            self.refusals.clone(),
         );
         registry.register(
             "decisions",
@@ -71,6 +78,11 @@ impl ServiceMetrics {
                 .get_or_create(&label("code", grpc_code(code)))
                 .inc(),
         };
+    }
+
+    /// One request refused while it arrived, for `reason` (`intake::Refusal::reason`).
+    pub fn count_refusal(&self, reason: &'static str) {
+        self.refusals.get_or_create(&label("reason", reason)).inc();
     }
 
     /// One decision, by its overall code.

@@ -17,6 +17,7 @@ pub struct StoreMetrics {
     pub deny_cache_hits: Counter,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
+    pub memory_refusals: Counter,
 }
 
 impl Default for StoreMetrics {
@@ -28,6 +29,7 @@ impl Default for StoreMetrics {
             deny_cache_hits: Counter::default(),
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
+            memory_refusals: Counter::default(),
         }
     }
 }
@@ -56,8 +58,13 @@ impl StoreMetrics {
         );
         registry.register(
             "memory_evictions",
-            "Counters the memory store evicted to stay within --memory-max-keys",
+            "Live counters the memory store evicted to stay within --memory-max-keys (--memory-when-full evict-least-recent)",
             self.memory_evictions.clone(),
+        );
+        registry.register(
+            "memory_refusals",
+            "New counters the memory store refused, every counter it held being live (--memory-when-full refuse)",
+            self.memory_refusals.clone(),
         );
     }
 }

@@ -4,17 +4,25 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use futures_util::Stream;
 use tokio::sync::{mpsc, oneshot};
+use tonic::body::Body;
+use tonic::codegen::{Service, http};
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::QuotaOptions;
 use super::registry::{Registry, StreamId};
 use super::report::ReportError;
+use crate::intake::Intake;
 use crate::metrics::Metrics;
-use crate::pb::{RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaUsageReports};
+use crate::pb::{
+    RateLimitQuotaResponse, RateLimitQuotaService, RateLimitQuotaServiceServer,
+    RateLimitQuotaUsageReports,
+};
 use crate::rules::RuleSet;
 use crate::storage::DemandShare;
 
@@ -66,6 +74,47 @@ impl QuotaService {
     pub fn new(registry: Arc<Registry>) -> Self {
         Self { registry }
     }
+
+    /// The gRPC route of RLQS, each stream's reports held to `intake`'s bounds message by
+    /// message.
+    pub fn route(self, intake: Arc<Intake>) -> QuotaRoute {
+        QuotaRoute {
+            server: RateLimitQuotaServiceServer::new(self)
+                .max_decoding_message_size(MAX_REPORT_BYTES),
+            intake,
+        }
+    }
+}
+
+/// Largest report message: Envoy sends every bucket it knows in one.
+const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
+
+/// RLQS as tonic's router serves it: the generated server, its request bodies metered.
+#[derive(Clone)]
+pub struct QuotaRoute {
+    server: RateLimitQuotaServiceServer<QuotaService>,
+    intake: Arc<Intake>,
+}
+
+impl Service<http::Request<Body>> for QuotaRoute {
+    type Response =
+        <RateLimitQuotaServiceServer<QuotaService> as Service<http::Request<Body>>>::Response;
+    type Error = <RateLimitQuotaServiceServer<QuotaService> as Service<http::Request<Body>>>::Error;
+    type Future =
+        <RateLimitQuotaServiceServer<QuotaService> as Service<http::Request<Body>>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Service::<http::Request<Body>>::poll_ready(&mut self.server, cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let request = request.map(|body| Body::new(self.intake.metered(body)));
+        self.server.call(request)
+    }
+}
+
+impl NamedService for QuotaRoute {
+    const NAME: &'static str = <RateLimitQuotaServiceServer<QuotaService> as NamedService>::NAME;
 }
 
 type Responses = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;

@@ -9,12 +9,17 @@ use std::time::Duration;
 use rustls::ServerConfig;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::watch;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::server::Router;
 
-use crate::pb::RateLimitQuotaServiceServer;
+use crate::inbound::InboundOptions;
+use crate::inbound::accept::Acceptor;
+use crate::inbound::watched::Inbound;
+use crate::intake::{Intake, IntakeOptions};
+use crate::metrics::Metrics;
 use crate::rlqs::service::QuotaService;
 use crate::runtime::{self, Flavor, wait_for};
 use crate::service::RlsService;
+use crate::service::route::RlsRoute;
 use crate::tls::{TlsFiles, TlsIncoming};
 use tokio::task::JoinHandle;
 
@@ -73,6 +78,11 @@ pub struct ConnectionOptions {
     /// (the reference's GRPC_MAX_CONNECTION_AGE_GRACE).
     #[arg(long = "grpc-max-connection-age-grace", env = "TOLLGATE_GRPC_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub max_age_grace: Duration,
+
+    /// How many connections each listener holds, and how long a silent or non-reading
+    /// peer's connection stays.
+    #[command(flatten)]
+    pub inbound: InboundOptions,
 }
 
 impl Default for ConnectionOptions {
@@ -89,14 +99,16 @@ pub fn grpc_router(
     health_service: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    max_request_bytes: usize,
+    intake: &IntakeOptions,
     connections: ConnectionOptions,
 ) -> Result<Router, ServerError> {
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(crate::pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
-    let mut server = grpc_server();
+    let max_request_bytes = service.max_request_bytes();
+    let intake_bounds = Arc::new(Intake::new(intake));
+    let mut server = grpc_server(intake.grpc_max_streams);
     if !connections.max_age.is_zero() {
         server = server
             .max_connection_age(connections.max_age)
@@ -105,22 +117,51 @@ pub fn grpc_router(
     Ok(server
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(service.grpc(max_request_bytes))
-        .add_service(RateLimitQuotaServiceServer::new(quotas)))
+        .add_service(RlsRoute::new(
+            service,
+            Arc::clone(&intake_bounds),
+            max_request_bytes,
+        ))
+        .add_service(quotas.route(intake_bounds)))
 }
 
 /// The gRPC server with tollgate's transport settings; shared with the null-handler server
 /// that benchmarks measure against (examples/null_server.rs), so both run the same transport.
-pub fn grpc_server() -> tonic::transport::Server {
+pub fn grpc_server(max_streams: u32) -> tonic::transport::Server {
     tonic::transport::Server::builder()
         // Streams a client may have open on one connection: requests beyond wait on the
         // client's side (HTTP/2 flow control) instead of piling up in this process.
-        .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+        .max_concurrent_streams(max_streams)
+        // What a stream may send before it is read: a request is a few hundred bytes, and a
+        // stream refused unread (`intake`) then costs the bytes in flight, not a megabyte.
+        .initial_stream_window_size(STREAM_WINDOW)
 }
 
-/// Accepted gRPC connections, without Nagle's delay: answers are small and latency-bound.
-pub fn tcp_incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
+/// HTTP/2's own default window: 64 KiB.
+const STREAM_WINDOW: u32 = 65_535;
+
+/// The gRPC listener's acceptor: its connections within `inbound`'s bounds, counted in
+/// `metrics`.
+pub fn grpc_acceptor(
+    listener: TcpListener,
+    inbound: &InboundOptions,
+    metrics: &Metrics,
+) -> Acceptor {
+    Acceptor::new(
+        listener,
+        "grpc",
+        inbound.grpc_max_connections,
+        inbound.deadlines(),
+        metrics.connections.listener("grpc"),
+    )
+}
+
+/// Accepted gRPC connections within the default bounds (the null-handler server's, so that
+/// it runs the transport tollgate runs).
+pub fn tcp_incoming(
+    listener: TcpListener,
+) -> impl futures_util::Stream<Item = std::io::Result<Inbound<tokio::net::TcpStream>>> {
+    grpc_acceptor(listener, &InboundOptions::default(), &Metrics::default()).incoming()
 }
 
 /// The connections accepted on a Unix socket.
@@ -133,16 +174,13 @@ fn unix_incoming(
     })
 }
 
-/// HTTP/2 streams per connection. Envoy opens few connections and multiplexes on them, so
-/// this bounds what one client can queue here, with room above the decision slots.
-const MAX_CONCURRENT_STREAMS: u32 = 1_024;
-
-/// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`.
+/// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`,
+/// each TCP connection within `inbound`'s bounds.
 pub(super) fn serve_grpc(
     router: Router,
     listener: GrpcListener,
     tls: Option<(TlsFiles, Arc<ServerConfig>)>,
-    flavor: Flavor,
+    (flavor, inbound, metrics): (Flavor, InboundOptions, &Metrics),
     stopped: &watch::Receiver<bool>,
 ) -> Serving {
     let stop = wait_for(stopped.clone());
@@ -158,18 +196,19 @@ pub(super) fn serve_grpc(
             return tokio::spawn(async move { Ok(serving.await?) });
         }
     };
+    let acceptor = grpc_acceptor(listener, &inbound, metrics);
     match tls {
         Some((files, config)) => {
-            let incoming = TlsIncoming::new(listener, files, config);
+            let incoming = TlsIncoming::new(acceptor, files, config);
             let serving = router.serve_with_incoming_shutdown(incoming, stop);
             tokio::spawn(async move { Ok(serving.await?) })
         }
         None if runtimes > 1 => {
-            let serving = runtime::serve_grpc(router, listener, runtimes, stopped.clone());
+            let serving = runtime::serve_grpc(router, acceptor, runtimes, stopped.clone());
             tokio::spawn(async move { Ok(serving.await?) })
         }
         None => {
-            let serving = router.serve_with_incoming_shutdown(tcp_incoming(listener), stop);
+            let serving = router.serve_with_incoming_shutdown(acceptor.incoming(), stop);
             tokio::spawn(async move { Ok(serving.await?) })
         }
     }

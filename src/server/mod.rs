@@ -10,11 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 mod grpc;
+mod http;
 
 pub use grpc::{
-    ConnectionOptions, GrpcListener, ServerError, grpc_router, grpc_server, tcp_incoming,
+    ConnectionOptions, GrpcListener, ServerError, grpc_acceptor, grpc_router, grpc_server,
+    tcp_incoming,
 };
 use grpc::{Serving, serve_grpc};
+use http::serve_http;
 
 use arc_swap::ArcSwap;
 use rustls::ServerConfig;
@@ -29,7 +32,7 @@ use crate::reload::{ReloadOptions, ReloadStatus};
 use crate::rlqs::QuotaOptions;
 use crate::rlqs::service::Quotas;
 use crate::rules::RuleSet;
-use crate::runtime::{Flavor, wait_for};
+use crate::runtime::Flavor;
 use crate::service::{OnStoreError, RlsService, ServiceOptions};
 use crate::shutdown::ShutdownOptions;
 use crate::statsd::StatsdOptions;
@@ -359,15 +362,19 @@ pub async fn run(
     ));
 
     let (stop, stopped) = watch::channel(false);
-    let max_request_bytes = options.service.input_limits.max_request_bytes;
     let router = grpc_router(
         service.clone(),
         quotas.service(),
         health_service,
-        max_request_bytes,
+        &options.service.intake,
         options.connections,
     )?;
-    let mut grpc = serve_grpc(router, listeners.grpc, tls, options.runtime, &stopped);
+    let transport = (
+        options.runtime,
+        options.connections.inbound,
+        &*options.metrics,
+    );
+    let mut grpc = serve_grpc(router, listeners.grpc, tls, transport, &stopped);
     let admin = crate::admin::router(
         options.admin_writes.clone(),
         service,
@@ -377,14 +384,12 @@ pub async fn run(
         Arc::clone(&options.reload_status),
         Arc::clone(&quotas.registry),
     );
+    let (inbound, metrics) = (&options.connections.inbound, &*options.metrics);
     let metrics_only = listeners.metrics.map(|(listener, path)| {
         let router = crate::admin::metrics_router(Arc::clone(&options.metrics), &path);
-        let serving =
-            axum::serve(listener, router).with_graceful_shutdown(wait_for(stopped.clone()));
-        tokio::spawn(async move { serving.await })
+        serve_http((listener, router), inbound, metrics, &stopped)
     });
-    let http = axum::serve(listeners.http, admin).with_graceful_shutdown(wait_for(stopped));
-    let mut http: Serving = tokio::spawn(async move { Ok(http.await?) });
+    let mut http = serve_http((listeners.http, admin), inbound, metrics, &stopped);
 
     tracing::info!("serving");
     tokio::select! {

@@ -1,12 +1,13 @@
 //! The gRPC face of the limiter: the RLS v3 handler, and the one mapping from errors to
 //! `tonic::Status`. Around it: its flags (`options.rs`), how a decision is encoded
-//! (`encode.rs`), the answer when the store fails (`failure.rs`) and the client's deadline
-//! (`deadline.rs`).
+//! (`encode.rs`), the answer when the store fails (`failure.rs`), the client's deadline
+//! (`deadline.rs`), and the method as an HTTP/2 route (`route.rs`).
 
 mod deadline;
 pub mod encode;
 mod failure;
 mod options;
+pub mod route;
 
 pub use encode::encode;
 pub use options::{OnStoreError, STORE_ERROR_HEADER, ServiceOptions, StoreErrorHeader};
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::admission::{Admission, Admitted, Overloaded};
+use crate::admission::{Admission, Overloaded};
 use crate::descriptor::{self, RequestError};
 use crate::dynamic_metadata;
 use crate::headers;
@@ -49,14 +50,9 @@ impl RlsService {
         }
     }
 
-    /// The gRPC service: RLS v3 behind `Admitted`, so that a request the queue has no room
-    /// for is refused before it is read.
-    pub fn grpc(self, max_request_bytes: usize) -> Admitted<pb::RateLimitServiceServer<Self>> {
-        let admission = Arc::clone(&self.admission);
-        let metrics = Arc::clone(&self.metrics);
-        let server =
-            pb::RateLimitServiceServer::new(self).max_decoding_message_size(max_request_bytes);
-        Admitted::new(server, admission, metrics)
+    /// The largest request message, in bytes.
+    pub fn max_request_bytes(&self) -> usize {
+        self.options.input_limits.max_request_bytes
     }
 
     /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
@@ -139,7 +135,19 @@ impl pb::RateLimitService for RlsService {
         &self,
         request: Request<pb::RateLimitRequest>,
     ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let deadline = deadline::grpc_timeout(request.metadata());
+        let (metadata, _, request) = request.into_parts();
+        self.handle(&metadata, request).await.map(Response::new)
+    }
+}
+
+impl RlsService {
+    /// One call: decided, counted, traced and logged.
+    pub async fn handle(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        request: pb::RateLimitRequest,
+    ) -> Result<pb::RateLimitResponse, Status> {
+        let deadline = deadline::grpc_timeout(metadata);
         // The caller's trace context must be set before the span is first entered.
         let span = crate::request_span!(
             "should_rate_limit",
@@ -148,9 +156,8 @@ impl pb::RateLimitService for RlsService {
             code = tracing::field::Empty,
         );
         if !span.is_disabled() {
-            telemetry::continue_trace(&span, request.metadata());
+            telemetry::continue_trace(&span, metadata);
         }
-        let request = request.into_inner();
         span.record("domain", request.domain.as_str());
         span.record("descriptors", request.descriptors.len());
         // One line per decision at debug, built only when someone reads it.
@@ -179,7 +186,7 @@ impl pb::RateLimitService for RlsService {
         }
         let response = answer?;
         span.record("code", response.overall_code);
-        Ok(Response::new(response))
+        Ok(response)
     }
 }
 

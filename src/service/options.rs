@@ -108,6 +108,10 @@ pub struct ServiceOptions {
     /// Longest wait for a decision slot when --max-in-flight are busy.
     #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration, help_heading = "Responses and load shedding")]
     pub max_queue_time: Duration,
+
+    /// How requests may arrive: deadlines, and bounds on what requests still arriving hold.
+    #[command(flatten)]
+    pub intake: crate::intake::IntakeOptions,
 }
 
 impl Default for ServiceOptions {

@@ -83,6 +83,10 @@ pub enum StoreError {
     /// The store answered something tollgate cannot read.
     #[error("malformed reply from the store: {0}")]
     MalformedReply(String),
+    /// The memory store holds `--memory-max-keys` counters, every one within its window,
+    /// and refuses new ones (`--memory-when-full refuse`).
+    #[error("memory store full: {max_keys} counters, all live (--memory-max-keys)")]
+    Full { max_keys: usize },
 }
 
 impl StoreError {
@@ -96,6 +100,7 @@ impl StoreError {
             StoreError::Stuck(_) => "stuck",
             StoreError::Refused(_) => "refused",
             StoreError::MalformedReply(_) => "malformed_reply",
+            StoreError::Full { .. } => "full",
         }
     }
 
@@ -106,7 +111,10 @@ impl StoreError {
             | StoreError::Timeout(_)
             | StoreError::CircuitOpen
             | StoreError::ReadOnly(_) => true,
-            StoreError::Stuck(_) | StoreError::Refused(_) | StoreError::MalformedReply(_) => false,
+            StoreError::Stuck(_)
+            | StoreError::Refused(_)
+            | StoreError::MalformedReply(_)
+            | StoreError::Full { .. } => false,
         }
     }
 

@@ -11,6 +11,7 @@ use clap::builder::{BoolishValueParser, TypedValueParser};
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
 use crate::algorithm::Charge;
 use crate::clock::Clock;
+use crate::storage::memory::WhenFull;
 
 /// Which store to build, from `--store` (and `--store-per-second`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,9 +104,17 @@ pub struct StoreOptions {
     #[arg(long, env = "TOLLGATE_REDIS_CONNECTIONS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64).map(usize::from))]
     pub redis_connections: usize,
 
-    /// Most counters the memory store keeps; beyond it the least recently used are evicted.
+    /// Most counters the memory store keeps; a full store first forgets the counters whose
+    /// windows have ended.
     #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS", default_value_t = 1_000_000)]
     pub memory_max_keys: usize,
+
+    /// What a full memory store does with a new counter when every counter it holds is
+    /// still live: refuse it (the request fails as the store failing, --on-store-error
+    /// decides; no live counter is ever dropped) or evict the least recently used (new keys
+    /// always count; a flood of them resets live counters).
+    #[arg(long, env = "TOLLGATE_MEMORY_WHEN_FULL", value_enum, default_value_t = WhenFull::Refuse)]
+    pub memory_when_full: WhenFull,
 
     /// Count hits on every descriptor even when the request is rejected (the reference's
     /// behaviour). By default a rejected request consumes nothing.

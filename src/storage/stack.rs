@@ -23,6 +23,7 @@ pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) 
     match spec {
         StoreSpec::Memory => Store::local(
             memory::MemoryStore::new(options.memory_max_keys, options.charge, clock)
+                .with_when_full(options.memory_when_full)
                 .with_metrics(metrics)
                 .start(),
         ),

@@ -149,3 +149,57 @@ async fn odd_characters_are_values_like_any_other_with_counters_of_their_own() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_flood_of_new_keys_never_resets_a_live_counter_and_is_refused_as_a_store_failure() {
+    const DAILY: &str = "domain: f\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10}\n";
+    let server = start_with(
+        &[("f.yaml", DAILY)],
+        Setup {
+            max_keys: 1_024,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let victim = || request("f", &[&[("user", "victim")]]);
+    let mut admitted = 0;
+    for _ in 0..5 {
+        admitted += u32::from(server.ok(victim()).await.overall_code == OK);
+    }
+    // Three times the store's bound in new keys, each counted once for the day.
+    let mut refused = 0;
+    for user in 0..3_072 {
+        match server
+            .call(request("f", &[&[("user", &format!("u{user}"))]]))
+            .await
+        {
+            Ok(_) => {}
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 2_048, "{refused}");
+    for _ in 0..20 {
+        admitted += u32::from(server.ok(victim()).await.overall_code == OK);
+    }
+    assert_eq!(admitted, 10);
+    let (_, metrics) = server.http("GET", "/metrics", "").await;
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in /metrics"))
+            .to_owned()
+    };
+    assert_eq!(
+        line("tollgate_memory_refusals_total"),
+        format!("tollgate_memory_refusals_total {refused}")
+    );
+    assert_eq!(
+        line("tollgate_memory_evictions_total"),
+        "tollgate_memory_evictions_total 0"
+    );
+    assert!(line("tollgate_store_errors_total{kind=\"full\"}").ends_with(&format!(" {refused}")));
+}

@@ -35,6 +35,7 @@ mod window_edges;
 mod admin;
 mod cli;
 mod config_errors;
+mod connections;
 mod headers;
 mod hostile_input;
 mod metrics;

@@ -10,10 +10,13 @@
 //! clients cannot aim for a collision, and an accidental one among a billion counters has a
 //! probability below 10^-20.
 //!
-//! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters and
-//! evicts beyond that (counted in `evictions`) by CLOCK, an approximation of LRU: a use only
-//! marks a counter, and a hand sweeping the shard's entries unmarks marked counters and evicts
-//! the first unmarked one. The shard is an `IndexMap`, its entries one contiguous array: no
+//! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters. A full
+//! shard first forgets the counters whose windows have ended (their state says nothing any
+//! more); when every counter it holds is still live, what happens to a new one is `WhenFull`'s:
+//! by default it is refused (`refusals`), so that no live counter is ever dropped, however
+//! many new keys a client sends; or the least recently used is evicted (`evictions`) by CLOCK,
+//! an approximation of LRU: a use only marks a counter, and a hand sweeping the shard's
+//! entries unmarks marked counters and evicts the first unmarked one. The shard is an `IndexMap`, its entries one contiguous array: no
 //! allocation per counter and no list links to update per use (an LRU list costs two cache
 //! misses per decision at a million counters), and the background sweep of expired counters
 //! reads memory in order instead of chasing pointers under the shard's lock.
@@ -29,6 +32,7 @@ use prometheus_client::metrics::gauge::Gauge;
 
 use crate::algorithm::State;
 use crate::clock::Micros;
+use crate::storage::StoreError;
 use crate::storage::keys::CounterKey;
 
 /// Enough shards that two cores rarely contend, few enough that a sweep stays cheap.
@@ -41,7 +45,7 @@ pub const SHARDS: usize = 64;
 const MAX_RESERVED_PER_SHARD: usize = 1 << 16;
 
 /// A counter's identity in the map: two independent keyed 64-bit hashes of its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Digest(u64, u64);
 
 impl Hash for Digest {
@@ -72,13 +76,38 @@ impl Hasher for PassThrough {
     }
 }
 
-/// One shard: its counters, the CLOCK hand (an index into them) for eviction, and the latest
-/// instant it was used at.
-#[derive(Default)]
+/// What a full memory store does with a new counter: flag `--memory-when-full`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum WhenFull {
+    /// Refuse it: the request fails as the store failing (`--on-store-error` decides), and no
+    /// live counter is ever dropped.
+    #[default]
+    Refuse,
+    /// Evict the least recently used counter, live or not: new keys are always counted, and a
+    /// flood of them resets live counters.
+    EvictLeastRecent,
+}
+
+/// One shard: its counters, the CLOCK hand (an index into them) for eviction, the latest
+/// instant it was used at, and an instant before which none of its counters expires.
 pub struct Shard {
     counters: IndexMap<Digest, Slot, BuildHasherDefault<PassThrough>>,
     hand: usize,
     latest: Micros,
+    /// No counter expires before this (a lower bound: a counter's expiry only moves later):
+    /// until then a full shard has nothing to forget, and says so without a scan.
+    earliest: Micros,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Self {
+            counters: IndexMap::default(),
+            hand: 0,
+            latest: 0,
+            earliest: Micros::MAX,
+        }
+    }
 }
 
 struct Slot {
@@ -124,6 +153,25 @@ impl Shard {
         }
     }
 
+    /// Whether the shard holds a counter for `digest` (expired or not): storing it then needs
+    /// no room.
+    pub fn holds(&self, digest: Digest) -> bool {
+        self.counters.contains_key(&digest)
+    }
+
+    /// Forgets every counter expired by `now`; how many.
+    fn forget_expired(&mut self, now: Micros) -> usize {
+        let held = self.counters.len();
+        self.counters.retain(|_, slot| slot.expires_at() > now);
+        self.earliest = self
+            .counters
+            .values()
+            .map(Slot::expires_at)
+            .min()
+            .unwrap_or(Micros::MAX);
+        held - self.counters.len()
+    }
+
     /// A counter's state, unless it has expired by `now`.
     pub fn found(&self, digest: Digest, now: Micros) -> Option<&State> {
         self.counters
@@ -137,16 +185,18 @@ impl Shard {
 pub struct CounterMap {
     shards: Box<[Mutex<Shard>]>,
     per_shard: usize,
+    when_full: WhenFull,
     /// The digest's keys, drawn at random.
     digest_keys: RandomState,
     evictions: AtomicU64,
-    /// `tollgate_memory_keys` and `tollgate_memory_evictions`.
+    /// `tollgate_memory_keys`, `tollgate_memory_evictions` and `tollgate_memory_refusals`.
     pub keys_metric: Gauge,
     pub evictions_metric: Counter,
+    pub refusals_metric: Counter,
 }
 
 impl CounterMap {
-    pub fn new(max_keys: usize) -> Self {
+    pub fn new(max_keys: usize, when_full: WhenFull) -> Self {
         let per_shard = max_keys.div_ceil(SHARDS).max(1);
         // Eviction comes before insertion, so a shard never holds more than its bound.
         let reserved = per_shard.min(MAX_RESERVED_PER_SHARD);
@@ -155,16 +205,17 @@ impl CounterMap {
                 .map(|_| {
                     Mutex::new(Shard {
                         counters: IndexMap::with_capacity_and_hasher(reserved, Default::default()),
-                        hand: 0,
-                        latest: 0,
+                        ..Shard::default()
                     })
                 })
                 .collect(),
             per_shard,
+            when_full,
             digest_keys: RandomState::new(),
             evictions: AtomicU64::new(0),
             keys_metric: Gauge::default(),
             evictions_metric: Counter::default(),
+            refusals_metric: Counter::default(),
         }
     }
 
@@ -199,6 +250,18 @@ impl CounterMap {
             .sum()
     }
 
+    /// The most counters the map holds.
+    pub fn max_keys(&self) -> usize {
+        self.per_shard * SHARDS
+    }
+
+    /// The error of a request refused a new counter: every counter held is live.
+    pub fn full(&self) -> StoreError {
+        StoreError::Full {
+            max_keys: self.max_keys(),
+        }
+    }
+
     /// Counters evicted to stay within `max_keys`.
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
@@ -209,9 +272,7 @@ impl CounterMap {
         for shard in 0..SHARDS {
             let mut shard = self.lock(shard);
             let now = shard.at(now);
-            let held = shard.counters.len();
-            shard.counters.retain(|_, slot| slot.expires_at() > now);
-            let swept = held - shard.counters.len();
+            let swept = shard.forget_expired(now);
             self.keys_metric
                 .dec_by(i64::try_from(swept).unwrap_or(i64::MAX));
         }
@@ -225,13 +286,40 @@ impl CounterMap {
         }
     }
 
+    /// Whether `new` more counters fit in `shard` at `now`: after forgetting its expired
+    /// counters if it is full, and, when every one is live, as `WhenFull` says (a refusal is
+    /// counted).
+    pub fn has_room(&self, shard: &mut Shard, now: Micros, new: usize) -> bool {
+        let fits = |shard: &Shard| shard.counters.len() + new <= self.per_shard;
+        if fits(shard) {
+            return true;
+        }
+        if now >= shard.earliest {
+            let swept = shard.forget_expired(now);
+            self.keys_metric
+                .dec_by(i64::try_from(swept).unwrap_or(i64::MAX));
+            if fits(shard) {
+                return true;
+            }
+        }
+        match self.when_full {
+            WhenFull::EvictLeastRecent => true,
+            WhenFull::Refuse => {
+                self.refusals_metric.inc();
+                false
+            }
+        }
+    }
+
     /// Puts a counter's state into its (locked) shard, evicting one first when the shard is
-    /// full. A counter held already stays marked used; a new one is not, yet (see below).
+    /// full (`has_room` said whether it may). A counter held already stays marked used; a new
+    /// one is not, yet (see below).
     pub fn store(&self, shard: &mut Shard, digest: Digest, state: State, expires_at: Micros) {
         let mut slot = Slot {
             state,
             stamp: expires_at & !USED,
         };
+        shard.earliest = shard.earliest.min(slot.expires_at());
         if let Some(held) = shard.counters.get_mut(&digest) {
             slot.mark_used();
             *held = slot;
@@ -283,7 +371,7 @@ mod tests {
 
     #[test]
     fn eviction_takes_the_oldest_unused_counter_never_the_one_just_added() {
-        let map = CounterMap::new(4 * SHARDS);
+        let map = CounterMap::new(4 * SHARDS, WhenFull::EvictLeastRecent);
         let mut shard = Shard::default();
         let state = || State::FixedWindow(fixed_window::State::default());
         let digest = |n: u64| Digest(n, n);

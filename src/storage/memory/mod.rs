@@ -11,6 +11,7 @@ mod map;
 use std::sync::{Arc, MutexGuard, Weak};
 use std::time::Duration;
 
+pub use map::WhenFull;
 use map::{CounterMap, Digest, Shard};
 
 use super::{CounterReset, CounterStore, Hit, StoreError, rule};
@@ -30,18 +31,28 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
+    /// A store of at most `max_keys` counters, refusing new ones when every counter held is
+    /// live (`with_when_full` says otherwise).
     pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
         Self {
-            map: CounterMap::new(max_keys),
+            map: CounterMap::new(max_keys, WhenFull::Refuse),
             charge,
             clock,
         }
     }
 
-    /// Reports key count and evictions in `metrics`.
+    /// What a full store does with a new counter.
+    pub fn with_when_full(mut self, when_full: WhenFull) -> Self {
+        let max_keys = self.map.max_keys();
+        self.map = CounterMap::new(max_keys, when_full);
+        self
+    }
+
+    /// Reports key count, evictions and refusals in `metrics`.
     pub fn with_metrics(mut self, metrics: &Metrics) -> Self {
         self.map.keys_metric = metrics.store.memory_keys.clone();
         self.map.evictions_metric = metrics.store.memory_evictions.clone();
+        self.map.refusals_metric = metrics.store.memory_refusals.clone();
         self
     }
 
@@ -85,9 +96,13 @@ impl MemoryStore {
     /// read once the locks are held, and never taken back past a shard's latest instant
     /// (`Shard::at`), so a counter's state never comes from a later instant than the
     /// decision's.
-    fn apply_with(&self, hits: &[Hit], now: impl FnOnce() -> Micros) -> Vec<Outcome> {
+    fn apply_with(
+        &self,
+        hits: &[Hit],
+        now: impl FnOnce() -> Micros,
+    ) -> Result<Vec<Outcome>, StoreError> {
         if let [hit] = hits {
-            return vec![self.apply_one(hit, now)];
+            return self.apply_one(hit, now).map(|outcome| vec![outcome]);
         }
         let digests: Vec<Digest> = hits.iter().map(|hit| self.map.digest(&hit.key)).collect();
         let shard_of_hit: Vec<usize> = digests.iter().map(|&d| CounterMap::shard_of(d)).collect();
@@ -111,17 +126,35 @@ impl MemoryStore {
             .collect();
         let decided = rule::decide(hits, &found, now, self.charge, true);
         drop(found);
+        // All or nothing: every new counter the request writes must have room first.
+        let mut new: Vec<(usize, Digest)> = digests
+            .iter()
+            .zip(&shard_of_hit)
+            .zip(&decided.writes)
+            .filter(|((digest, shard), write)| {
+                write.is_some() && !guards[guard_of(**shard)].holds(**digest)
+            })
+            .map(|((&digest, &shard), _)| (shard, digest))
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        for group in new.chunk_by(|a, b| a.0 == b.0) {
+            let shard = &mut guards[guard_of(group[0].0)];
+            if !self.map.has_room(shard, now, group.len()) {
+                return Err(self.map.full());
+            }
+        }
         for ((digest, write), &shard) in digests.iter().zip(decided.writes).zip(&shard_of_hit) {
             if let Some((state, expires_at)) = write {
                 self.map
                     .store(&mut guards[guard_of(shard)], *digest, state, expires_at);
             }
         }
-        decided.outcomes.into_vec()
+        Ok(decided.outcomes.into_vec())
     }
 
     /// `apply_with` for the common request of one counter: one lock, one map lookup.
-    fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Outcome {
+    fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Result<Outcome, StoreError> {
         let digest = self.map.digest(&hit.key);
         let mut shard = self.map.lock(CounterMap::shard_of(digest));
         let now = shard.at(now());
@@ -130,16 +163,19 @@ impl MemoryStore {
         let decided = rule::decide(std::slice::from_ref(hit), &[found], now, self.charge, true);
         let outcome = decided.outcomes[0];
         if let Some(Some((state, expires_at))) = decided.writes.into_iter().next() {
+            if !shard.holds(digest) && !self.map.has_room(&mut shard, now, 1) {
+                return Err(self.map.full());
+            }
             self.map.store(&mut shard, digest, state, expires_at);
         }
-        outcome
+        Ok(outcome)
     }
 }
 
 #[tonic::async_trait]
 impl CounterStore for MemoryStore {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        Ok(self.apply_with(hits, || self.clock.now()))
+        self.apply_with(hits, || self.clock.now())
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -191,7 +227,7 @@ mod tests {
                     ..hit.clone()
                 })
                 .collect();
-            self.apply_with(&numbered, || now)
+            self.apply_with(&numbered, || now).unwrap()
         }
     }
 
@@ -290,9 +326,15 @@ mod tests {
         assert_eq!(remaining(&outcomes), [(true, 1), (true, 0)]);
     }
 
+    /// A store that evicts the least recently used counter when full.
+    fn evicting(max_keys: usize) -> (MemoryStore, ManualClock) {
+        let (store, clock) = store(max_keys, Charge::IfAllowed);
+        (store.with_when_full(WhenFull::EvictLeastRecent), clock)
+    }
+
     #[test]
     fn least_recently_used_counters_are_evicted_beyond_the_bound() {
-        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        let (store, clock) = evicting(SHARDS);
         for user in 0..1_000 {
             store.apply_now(&[hit(&user.to_string(), 5, 1, Role::Enforced)], clock.now());
         }
@@ -303,7 +345,7 @@ mod tests {
     #[test]
     fn a_counter_in_use_outlives_unused_ones_when_evicting() {
         // Room for 8 counters per shard; one counter is used between every two arrivals.
-        let (store, clock) = store(8 * SHARDS, Charge::IfAllowed);
+        let (store, clock) = evicting(8 * SHARDS);
         let kept = hit("kept", 5_000, 1, Role::Enforced);
         for user in 0..2_000 {
             store.apply_now(std::slice::from_ref(&kept), clock.now());
@@ -314,6 +356,59 @@ mod tests {
         assert_eq!(remaining(&last), [(true, 5_000 - 2_001)]);
         assert_eq!(store.evictions(), 2_001 - store.len() as u64);
         assert!(store.len() <= 8 * SHARDS);
+    }
+
+    #[test]
+    fn a_full_store_forgets_ended_windows_and_refuses_new_counters_rather_than_drop_live_ones() {
+        let metrics = Metrics::default();
+        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        let store = store.with_metrics(&metrics);
+        let now = clock.now();
+        // A counter counted once; then new ones until every shard is full of live counters.
+        let victim = hit("victim", 10, 1, Role::Enforced);
+        store.apply_now(std::slice::from_ref(&victim), now);
+        let mut refused = 0;
+        for user in 0..10_000 {
+            let new = [hit(&format!("u{user}"), 10, 1, Role::Enforced)];
+            match store.apply_with(&new, || now) {
+                Ok(_) => {}
+                Err(StoreError::Full { max_keys }) => {
+                    assert_eq!(max_keys, SHARDS);
+                    refused += 1;
+                }
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!(store.len(), SHARDS);
+        assert_eq!(refused, 10_000 + 1 - SHARDS);
+        assert_eq!(metrics.store.memory_refusals.get(), refused as u64);
+        assert_eq!(store.evictions(), 0);
+        // The victim's count survived the flood: 9 more, then over.
+        let later = store.apply_now(&[hit("victim", 10, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&later), [(true, 8)]);
+        // A request of a held counter and a new one in a full shard is refused whole.
+        let mixed = [
+            hit("victim", 10, 1, Role::Enforced),
+            hit("newcomer", 10, 1, Role::Enforced),
+        ];
+        let numbered: Vec<Hit> = mixed
+            .iter()
+            .enumerate()
+            .map(|(descriptor, hit)| Hit {
+                descriptor,
+                ..hit.clone()
+            })
+            .collect();
+        assert!(matches!(
+            store.apply_with(&numbered, || now),
+            Err(StoreError::Full { .. })
+        ));
+        let after = store.apply_now(&[hit("victim", 10, 1, Role::Enforced)], now);
+        assert_eq!(remaining(&after), [(true, 7)]);
+        // Once every window has ended, new counters take their places.
+        let later = now + 120 * MICROS_PER_SECOND;
+        let next = [hit("newcomer", 10, 1, Role::Enforced)];
+        assert!(store.apply_with(&next, || later).is_ok());
     }
 
     #[test]

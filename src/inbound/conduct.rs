@@ -1,0 +1,185 @@
+//! How each connection conducts itself, for the bounds that are about connections rather
+//! than bytes. A request *waits on its client* while its message is still waiting, and again
+//! once answered until the answer is taken (HTTP/2 flow control holds an answer a client does
+//! not read); a client that sends whole requests and reads its answers has next to none
+//! waiting, while one that opens streams and sends slowly, or never, or never reads, has many.
+//! When the process holds more waiting requests than it may (`intake`), the connection with
+//! the most is closed, with all it holds, and its listener pauses before accepting again, so
+//! that a client reconnecting to do it again is slowed to a few attempts a second.
+//!
+//! Each connection's `Conduct` reaches the request handlers as its connect info (tonic puts it
+//! in every request's extensions).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Context;
+use std::time::{Duration, Instant};
+
+use futures_util::task::AtomicWaker;
+
+/// How long a listener waits before its next accept after it closed a connection for what it
+/// held: long enough that reconnecting to open streams again costs an attacker more than it
+/// costs tollgate, short enough that a client connecting meanwhile barely notices.
+const PAUSE: Duration = Duration::from_millis(100);
+
+/// The fewest requests a connection must have waiting to be closed for them: a client that
+/// sends whole requests and reads its answers has one or two waiting at a time at most (for
+/// the instant between a stream's headers and its message), so closing it would only hurt.
+const CLOSED_FROM: usize = 32;
+
+/// A listener's live connections.
+#[derive(Debug)]
+pub struct Roll {
+    connections: Mutex<HashMap<u64, Arc<State>>>,
+    next: AtomicU64,
+    started: Instant,
+    /// Until when (ms since `started`) the listener pauses before accepting.
+    paused_until: AtomicU64,
+}
+
+/// One connection's conduct, as its requests see it.
+#[derive(Debug, Clone)]
+pub struct Conduct {
+    state: Arc<State>,
+    roll: Arc<Roll>,
+}
+
+#[derive(Debug)]
+struct State {
+    id: u64,
+    waiting: AtomicUsize,
+    closing: AtomicBool,
+    waker: AtomicWaker,
+}
+
+/// A request counted as waiting on its connection until dropped.
+pub struct Waiting(Arc<State>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Roll {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            connections: Mutex::default(),
+            next: AtomicU64::new(0),
+            started: Instant::now(),
+            paused_until: AtomicU64::new(0),
+        })
+    }
+
+    fn connections(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<State>>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new connection on the roll.
+    pub fn enter(self: &Arc<Self>) -> Conduct {
+        let state = Arc::new(State {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            waiting: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+        });
+        self.connections().insert(state.id, Arc::clone(&state));
+        Conduct {
+            state,
+            roll: Arc::clone(self),
+        }
+    }
+
+    /// How long the listener should still pause before accepting.
+    pub fn pause(&self) -> Duration {
+        let until = self.paused_until.load(Ordering::Relaxed);
+        let now = self.millis();
+        Duration::from_millis(until.saturating_sub(now))
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Closes the connection with the most requests waiting on it, if it has `CLOSED_FROM`.
+    fn close_worst(&self) {
+        let worst = self
+            .connections()
+            .values()
+            .filter(|state| !state.closing.load(Ordering::Relaxed))
+            .max_by_key(|state| state.waiting.load(Ordering::Relaxed))
+            .filter(|state| state.waiting.load(Ordering::Relaxed) >= CLOSED_FROM)
+            .cloned();
+        if let Some(worst) = worst {
+            worst.closing.store(true, Ordering::Relaxed);
+            worst.waker.wake();
+            let until = self.millis() + u64::try_from(PAUSE.as_millis()).unwrap_or(0);
+            self.paused_until.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Conduct {
+    /// Counts a request as waiting on its client on this connection until the guard drops.
+    pub fn waiting(&self) -> Waiting {
+        self.state.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(Arc::clone(&self.state))
+    }
+
+    /// Requests waiting on this connection now.
+    pub fn waiting_now(&self) -> usize {
+        self.state.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Closes whichever connection of this one's listener has the most requests waiting.
+    pub fn close_worst_of_listener(&self) {
+        self.roll.close_worst();
+    }
+
+    /// Whether the connection is to close.
+    pub(super) fn is_closing(&self) -> bool {
+        self.state.closing.load(Ordering::Relaxed)
+    }
+
+    /// Whether the connection is to close; wakes `cx` when it comes to.
+    pub(super) fn closing(&self, cx: &mut Context<'_>) -> bool {
+        self.state.waker.register(cx.waker());
+        self.is_closing()
+    }
+
+    /// Takes the connection off its listener's roll.
+    pub(super) fn leave(&self) {
+        self.roll.connections().remove(&self.state.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_holding_the_most_waiting_requests_is_closed_and_accepting_pauses() {
+        let roll = Roll::new();
+        let (quiet, busy, busier) = (roll.enter(), roll.enter(), roll.enter());
+        let _one = quiet.waiting();
+        let _held: Vec<Waiting> = (0..CLOSED_FROM).map(|_| busy.waiting()).collect();
+        let _more: Vec<Waiting> = (0..CLOSED_FROM + 1).map(|_| busier.waiting()).collect();
+        assert_eq!(roll.pause(), Duration::ZERO);
+        quiet.close_worst_of_listener();
+        let closing = |conduct: &Conduct| conduct.state.closing.load(Ordering::Relaxed);
+        assert!(closing(&busier) && !closing(&busy) && !closing(&quiet));
+        assert!(roll.pause() > Duration::ZERO);
+        // The next worst, once the worst is closing; never one with next to nothing waiting.
+        quiet.close_worst_of_listener();
+        assert!(closing(&busy));
+        busy.leave();
+        let _after = roll.enter().waiting();
+        quiet.close_worst_of_listener();
+        assert!(!closing(&quiet));
+        drop(_one);
+        assert_eq!(quiet.waiting_now(), 0);
+    }
+}

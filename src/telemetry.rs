@@ -135,7 +135,14 @@ fn directives(log_level: &str) -> String {
             "debug" => "info",
             other => other,
         };
-        out.extend(TRANSPORT.map(|target| format!("{target}={transport}")));
+        // h2 warns of what a peer did to it (a flood of reset streams, an unexpected ping):
+        // one line per misbehaving connection, thousands a second under an attack, while the
+        // connection is closed anyway. Those show at debug.
+        let level_of = |target: &str| match (target, level.as_str()) {
+            ("h2", "info" | "warn") => "error",
+            _ => transport,
+        };
+        out.extend(TRANSPORT.map(|target| format!("{target}={}", level_of(target))));
     }
     if !matches!(level.as_str(), "info" | "debug" | "trace" | "off") {
         out.push(format!("{STARTUP}=info"));
@@ -307,5 +314,24 @@ impl Extractor for Metadata<'_> {
                 tonic::metadata::KeyRef::Binary(_) => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_libraries_speak_a_step_quieter_and_h2_only_of_errors_at_info() {
+        assert_eq!(
+            directives("info"),
+            "info,h2=error,hyper=info,hyper_util=info,tower=info,tonic=info,rustls=info"
+        );
+        assert_eq!(
+            directives("debug"),
+            "debug,h2=info,hyper=info,hyper_util=info,tower=info,tonic=info,rustls=info"
+        );
+        assert!(directives("warn").starts_with("warn,h2=error,hyper=warn,"));
+        assert_eq!(directives("info,h2=debug"), "info,h2=debug,tollgate::startup=info");
     }
 }

@@ -32,7 +32,8 @@
 //!   change state): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
 //!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/requests.rs`: the requests
-//!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC port; `bench/rlqs.rs`: RLQS
+//!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC port, `bench/raw_h2.rs` the
+//!   frames of one that never reads; `bench/rlqs.rs`: RLQS
 //!   streams): the load generators.
 //! - `service`: RLS v3 over gRPC (`service/options.rs` `ServiceOptions`, the response flags;
 //!   `service/encode.rs` the reference's status shapes; `service/failure.rs` the answer when
@@ -46,7 +47,8 @@
 //!   the gRPC stream).
 //! - `headers`: rate-limit response headers; `dynamic_metadata`: the response's metadata;
 //!   `admission`: load shedding; `intake` (`intake/unary.rs` a unary call's message,
-//!   `intake/metered.rs` a stream's messages): requests as they arrive; `health`: readiness; `reload`: watching the config;
+//!   `intake/metered.rs` a stream's messages): requests as they arrive; `health`: readiness; `reload`: watching the config (`reload/burst.rs` when the
+//!   files are whole);
 //!   `statsd`: the metrics sent to statsd (TCP or UDP) under the reference's stat names;
 //!   `xds`: rules pushed by a control plane (`config/xds.rs` reads the resources).
 //! - `limiter`: the decision, free of transport types (`limiter/stats.rs` counts it in the

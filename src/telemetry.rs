@@ -332,6 +332,9 @@ mod tests {
             "debug,h2=info,hyper=info,hyper_util=info,tower=info,tonic=info,rustls=info"
         );
         assert!(directives("warn").starts_with("warn,h2=error,hyper=warn,"));
-        assert_eq!(directives("info,h2=debug"), "info,h2=debug,tollgate::startup=info");
+        assert_eq!(
+            directives("info,h2=debug"),
+            "info,h2=debug,tollgate::startup=info"
+        );
     }
 }

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tonic::codegen::http;
 
-const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+use super::raw_h2::{self as raw, PATH};
 
 /// What the hostile clients do: flags of `tollgate bench-hostile`.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,6 +57,18 @@ pub struct HostileArgs {
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
 
+    /// rlqs-buckets: buckets each stream subscribes.
+    #[arg(long, default_value_t = 100_000)]
+    pub buckets: usize,
+
+    /// rlqs-buckets: entries of each bucket id.
+    #[arg(long, default_value_t = 64)]
+    pub entries: usize,
+
+    /// rlqs-buckets: bytes of each entry's key and of its value.
+    #[arg(long, default_value_t = 1_024)]
+    pub entry_bytes: usize,
+
     /// Open a connection again when the server closes it (a flood of connections rather than
     /// a hold on some).
     #[arg(long)]
@@ -75,6 +87,9 @@ pub enum Attack {
     ZeroWindow,
     /// TCP connections that never send a byte.
     Idle,
+    /// RLQS streams (one per connection) each subscribing `--buckets` buckets whose ids are
+    /// as large as a stream may send (`--entries` entries of `--entry-bytes` keys and values).
+    RlqsBuckets,
 }
 
 /// What the attack saw.
@@ -131,6 +146,7 @@ async fn connection(args: &HostileArgs, report: &Shared, until: Instant) -> anyh
         let held = match args.attack {
             Attack::Idle => idle(tcp, until).await,
             Attack::NeverRead => never_read(tcp, args, until).await,
+            Attack::RlqsBuckets => rlqs_buckets(args, report, until).await,
             Attack::SlowBody | Attack::HeadersOnly | Attack::ZeroWindow => {
                 streams(args, tcp, report, until).await
             }
@@ -224,6 +240,82 @@ async fn streams(
     held.abort_all();
     serving.abort();
     Ok(())
+}
+
+/// One RLQS stream subscribing `args.buckets` large buckets, in messages under 1 MiB, then
+/// holding on until `until` or until the server ends it (its status counted in `answers`).
+async fn rlqs_buckets(args: &HostileArgs, report: &Shared, until: Instant) -> anyhow::Result<()> {
+    use crate::pb::rate_limit_quota_usage_reports::BucketQuotaUsage;
+    use crate::pb::{BucketId, RateLimitQuotaServiceClient, RateLimitQuotaUsageReports};
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.target))?
+        .connect()
+        .await?;
+    let (reports, outgoing) = tokio::sync::mpsc::channel(2);
+    let outgoing = futures_util::stream::unfold(outgoing, |mut outgoing| async move {
+        outgoing.recv().await.map(|report| (report, outgoing))
+    });
+    let (width, entries) = (args.entry_bytes.max(1), args.entries.max(1));
+    let padded = move |text: String| format!("{text:x<width$}");
+    let stream = report
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .streams_opened;
+    tally(report, |r| r.streams_opened += 1);
+    let bucket = move |n: usize| BucketQuotaUsage {
+        bucket_id: Some(BucketId {
+            bucket: (1..entries)
+                .map(|entry| (padded(format!("k{entry}-")), padded(String::new())))
+                .chain([("name".to_owned(), padded(format!("{stream}-{n}-")))])
+                .collect(),
+        }),
+        time_elapsed: None,
+        num_requests_allowed: 1,
+        num_requests_denied: 0,
+    };
+    let bucket_bytes = entries * 2 * width + 64;
+    let per_message = (900 * 1024 / bucket_bytes).max(1);
+    let (total, domain) = (args.buckets, args.domain.clone());
+    let sending = tokio::spawn(async move {
+        for first in (0..total).step_by(per_message) {
+            let message = RateLimitQuotaUsageReports {
+                domain: domain.clone(),
+                bucket_quota_usages: (first..(first + per_message).min(total))
+                    .map(bucket)
+                    .collect(),
+            };
+            if reports.send(message).await.is_err() {
+                return;
+            }
+        }
+        // Held open, as an Envoy holds its stream.
+        reports.closed().await;
+    });
+    let mut client = RateLimitQuotaServiceClient::new(channel);
+    let ended = async {
+        let mut responses = client
+            .stream_rate_limit_quotas(outgoing)
+            .await?
+            .into_inner();
+        loop {
+            if responses.message().await?.is_none() {
+                return Ok::<_, tonic::Status>(());
+            }
+        }
+    };
+    let outcome = tokio::select! {
+        ended = ended => Some(ended),
+        () = tokio::time::sleep_until(until) => None,
+    };
+    sending.abort();
+    match outcome {
+        None => Ok(()),
+        Some(Ok(())) => anyhow::bail!("the server ended the stream"),
+        Some(Err(status)) => {
+            let code = (status.code() as i32).to_string();
+            tally(report, |r| *r.answers.entry(code).or_default() += 1);
+            anyhow::bail!("the server ended the stream: {status}")
+        }
+    }
 }
 
 /// A ticker of `rate` a second (none for 0: as fast as possible).
@@ -334,63 +426,4 @@ pub fn grpc_message(request: &crate::pb::RateLimitRequest) -> Bytes {
     );
     message.extend_from_slice(&encoded);
     Bytes::from(message)
-}
-
-/// HTTP/2 frames written by hand: for a client that writes and never reads, which no HTTP/2
-/// library is.
-pub mod raw {
-    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-    const DATA: u8 = 0x0;
-    const HEADERS: u8 = 0x1;
-    const SETTINGS: u8 = 0x4;
-    const WINDOW_UPDATE: u8 = 0x8;
-    const END_STREAM: u8 = 0x1;
-    const END_HEADERS: u8 = 0x4;
-    const INITIAL_WINDOW_SIZE: u16 = 0x4;
-    const LARGEST_WINDOW: u32 = (1 << 31) - 1;
-
-    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-        let length = u32::try_from(payload.len())
-            .unwrap_or(u32::MAX)
-            .to_be_bytes();
-        let mut out = vec![length[1], length[2], length[3], kind, flags];
-        out.extend_from_slice(&stream.to_be_bytes());
-        out.extend_from_slice(payload);
-        out
-    }
-
-    /// The client's preface, with the largest windows, so that nothing but the socket holds
-    /// the server's answers back.
-    pub fn preface() -> Vec<u8> {
-        let mut out = PREFACE.to_vec();
-        let mut settings = INITIAL_WINDOW_SIZE.to_be_bytes().to_vec();
-        settings.extend_from_slice(&LARGEST_WINDOW.to_be_bytes());
-        out.extend(frame(SETTINGS, 0, 0, &settings));
-        let increment = LARGEST_WINDOW - 65_535;
-        out.extend(frame(WINDOW_UPDATE, 0, 0, &increment.to_be_bytes()));
-        out
-    }
-
-    /// One whole unary call on stream `id`: its headers (HPACK literals) and `message`.
-    pub fn request(id: u32, message: &[u8]) -> Vec<u8> {
-        let mut block = Vec::new();
-        for (name, value) in [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", super::PATH),
-            (":authority", "tollgate"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ] {
-            // A literal header field without indexing, new name; lengths under 127.
-            block.push(0x00);
-            for text in [name, value] {
-                block.push(u8::try_from(text.len()).unwrap_or(127).min(127));
-                block.extend_from_slice(text.as_bytes());
-            }
-        }
-        let mut out = frame(HEADERS, END_HEADERS, id, &block);
-        out.extend(frame(DATA, END_STREAM, id, message));
-        out
-    }
 }

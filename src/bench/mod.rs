@@ -21,6 +21,7 @@ use tonic::transport::Channel;
 pub mod calls;
 mod codec;
 pub mod hostile;
+pub mod raw_h2;
 mod requests;
 pub mod rlqs;
 

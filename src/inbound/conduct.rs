@@ -11,7 +11,7 @@
 //! in every request's extensions).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::Context;
 use std::time::{Duration, Instant};
@@ -49,9 +49,16 @@ pub struct Conduct {
 struct State {
     id: u64,
     waiting: AtomicUsize,
-    closing: AtomicBool,
+    /// `OPEN`, or why the connection is to close (an index into `REASONS`).
+    closing: AtomicU8,
     waker: AtomicWaker,
 }
+
+const OPEN: u8 = 0;
+/// Why a connection is closed, as the metric's `reason` says it.
+const REASONS: [&str; 3] = ["", "slow_client", "over_bound"];
+const SLOW_CLIENT: u8 = 1;
+const OVER_BOUND: u8 = 2;
 
 /// A request counted as waiting on its connection until dropped.
 pub struct Waiting(Arc<State>);
@@ -83,7 +90,7 @@ impl Roll {
         let state = Arc::new(State {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             waiting: AtomicUsize::new(0),
-            closing: AtomicBool::new(false),
+            closing: AtomicU8::new(OPEN),
             waker: AtomicWaker::new(),
         });
         self.connections().insert(state.id, Arc::clone(&state));
@@ -109,16 +116,21 @@ impl Roll {
         let worst = self
             .connections()
             .values()
-            .filter(|state| !state.closing.load(Ordering::Relaxed))
+            .filter(|state| state.closing.load(Ordering::Relaxed) == OPEN)
             .max_by_key(|state| state.waiting.load(Ordering::Relaxed))
             .filter(|state| state.waiting.load(Ordering::Relaxed) >= CLOSED_FROM)
             .cloned();
         if let Some(worst) = worst {
-            worst.closing.store(true, Ordering::Relaxed);
-            worst.waker.wake();
-            let until = self.millis() + u64::try_from(PAUSE.as_millis()).unwrap_or(0);
-            self.paused_until.fetch_max(until, Ordering::Relaxed);
+            self.close(&worst, SLOW_CLIENT);
         }
+    }
+
+    /// Closes one connection for `reason`, and pauses accepting.
+    fn close(&self, state: &State, reason: u8) {
+        state.closing.store(reason, Ordering::Relaxed);
+        state.waker.wake();
+        let until = self.millis() + u64::try_from(PAUSE.as_millis()).unwrap_or(0);
+        self.paused_until.fetch_max(until, Ordering::Relaxed);
     }
 }
 
@@ -139,15 +151,22 @@ impl Conduct {
         self.roll.close_worst();
     }
 
-    /// Whether the connection is to close.
-    pub(super) fn is_closing(&self) -> bool {
-        self.state.closing.load(Ordering::Relaxed)
+    /// Closes this connection for what its client did (it went past a bound of the whole
+    /// service), and pauses its listener as for the worst.
+    pub fn close(&self) {
+        self.roll.close(&self.state, OVER_BOUND);
     }
 
-    /// Whether the connection is to close; wakes `cx` when it comes to.
-    pub(super) fn closing(&self, cx: &mut Context<'_>) -> bool {
+    /// Why the connection is to close, if it is (`slow_client`, `over_bound`).
+    pub(super) fn closing_for(&self) -> Option<&'static str> {
+        let reason = self.state.closing.load(Ordering::Relaxed);
+        (reason != OPEN).then(|| REASONS[usize::from(reason)])
+    }
+
+    /// The same; wakes `cx` when it comes to close.
+    pub(super) fn closing(&self, cx: &mut Context<'_>) -> Option<&'static str> {
         self.state.waker.register(cx.waker());
-        self.is_closing()
+        self.closing_for()
     }
 
     /// Takes the connection off its listener's roll.
@@ -169,7 +188,7 @@ mod tests {
         let _more: Vec<Waiting> = (0..CLOSED_FROM + 1).map(|_| busier.waiting()).collect();
         assert_eq!(roll.pause(), Duration::ZERO);
         quiet.close_worst_of_listener();
-        let closing = |conduct: &Conduct| conduct.state.closing.load(Ordering::Relaxed);
+        let closing = |conduct: &Conduct| conduct.closing_for().is_some();
         assert!(closing(&busier) && !closing(&busy) && !closing(&quiet));
         assert!(roll.pause() > Duration::ZERO);
         // The next worst, once the worst is closing; never one with next to nothing waiting.

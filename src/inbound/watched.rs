@@ -1,7 +1,8 @@
 //! One accepted connection, watched at the byte level: a peer that sends nothing after
 //! connecting (`handshake`), or nothing for a long time (`idle`), or stops reading what is
 //! written to it (`write_stalled`), or whose connection was chosen to close for the requests
-//! it left waiting (`slow_client`, `conduct.rs`), has its connection fail with a timeout,
+//! it left waiting (`slow_client`) or for going past a bound of the service (`over_bound`,
+//! `conduct.rs`), has its connection fail with a timeout,
 //! which closes it and frees whatever the protocol above held for it: streams, buffered
 //! answers, the file descriptor.
 //!
@@ -78,8 +79,10 @@ impl<S> Inbound<S> {
 
     /// The reason the connection was closed for, if it was (or has just been chosen to be).
     fn was_closed(&mut self) -> Option<&'static str> {
-        if self.closed.is_none() && self.slot.conduct.is_closing() {
-            self.close(SLOW_CLIENT);
+        if self.closed.is_none()
+            && let Some(reason) = self.slot.conduct.closing_for()
+        {
+            self.close(reason);
         }
         self.closed
     }
@@ -87,8 +90,8 @@ impl<S> Inbound<S> {
     /// Pending until a deadline passes, or the connection is chosen to close; then it is
     /// closed for it.
     fn watch(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        if self.slot.conduct.closing(cx) {
-            return Poll::Ready(self.close(SLOW_CLIENT));
+        if let Some(reason) = self.slot.conduct.closing(cx) {
+            return Poll::Ready(self.close(reason));
         }
         if let Some(reason) = self.closed {
             return Poll::Ready(closed(reason));
@@ -125,9 +128,6 @@ impl<S> Inbound<S> {
         }
     }
 }
-
-/// The reason of a connection closed for the requests it left waiting.
-const SLOW_CLIENT: &str = "slow_client";
 
 fn closed(reason: &'static str) -> io::Error {
     io::Error::new(

@@ -1,11 +1,15 @@
 //! The quota buckets as `GET /config` shows them: one line per bucket this replica's streams
-//! report, with the rule it falls under, what that gives, and the split as last computed.
+//! report, with the rule it falls under, what that gives, and the split as last computed;
+//! at most `MAX_LISTED` of them.
 
 use std::fmt::Write as _;
 
 use super::bucket::{self, Quota};
 use super::rebalance::label;
 use super::registry::Registry;
+
+/// Most buckets listed, so that `/config` stays short whatever data planes report.
+const MAX_LISTED: usize = 1_000;
 
 impl Registry {
     /// `<domain> <key=value,…>: rule <path>, <quota>, streams <n> (all replicas), demand
@@ -32,8 +36,12 @@ impl Registry {
         }
         lines.sort();
         let mut out = String::new();
-        for line in lines {
+        let shown = lines.len().min(MAX_LISTED);
+        for line in &lines[..shown] {
             let _ = writeln!(out, "{line}");
+        }
+        if lines.len() > shown {
+            let _ = writeln!(out, "… and {} more buckets", lines.len() - shown);
         }
         out
     }

@@ -50,6 +50,32 @@ pub struct QuotaOptions {
     /// that a new or quiet data plane is never starved.
     #[arg(long, env = "TOLLGATE_RLQS_FLOOR", default_value_t = 0.1, value_parser = fraction, help_heading = "Quota service (RLQS)")]
     pub rlqs_floor: f64,
+
+    /// Most RLQS streams open at once; past it a new stream is refused with
+    /// RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "TOLLGATE_RLQS_MAX_STREAMS",
+        default_value_t = 10_000,
+        help_heading = "Quota service (RLQS)"
+    )]
+    pub rlqs_max_streams: usize,
+
+    /// Most subscriptions (a stream reporting a bucket) across every stream; a report that
+    /// would go past it ends its stream with RESOURCE_EXHAUSTED.
+    #[arg(
+        long,
+        env = "TOLLGATE_RLQS_MAX_SUBSCRIPTIONS",
+        default_value_t = 200_000,
+        help_heading = "Quota service (RLQS)"
+    )]
+    pub rlqs_max_subscriptions: usize,
+
+    /// Most bytes of bucket ids held across every stream (each distinct bucket counts once:
+    /// its keys and values, and 64 bytes an entry); a report that would go past it ends its
+    /// stream with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKET_BYTES", default_value_t = 32 * 1024 * 1024, help_heading = "Quota service (RLQS)")]
+    pub rlqs_max_bucket_bytes: usize,
 }
 
 impl Default for QuotaOptions {

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use super::bucket::BucketKey;
 use super::grant;
 use super::registry::{self, BucketRef, Reach, Registry, StreamId, gauge, send};
+use super::report;
 use crate::metrics::{BucketFigures, MAX_BUCKET_LABELS};
 use crate::pb::rate_limit_quota_response::BucketAction;
 use crate::storage::{Demand, DemandPost, DemandShare};
@@ -81,7 +82,12 @@ impl Registry {
         let idle_after = self.options.rlqs_abandon_after;
         let shares = self.store_shares.load(Ordering::Relaxed);
         let mut state = self.state();
-        let registry::State { streams, domains } = &mut *state;
+        let registry::State {
+            streams,
+            domains,
+            subscriptions,
+            bucket_bytes,
+        } = &mut *state;
         let mut abandoned: HashMap<StreamId, Vec<BucketAction>> = HashMap::new();
         let mut posts = Vec::new();
         for (domain, buckets) in domains.iter_mut() {
@@ -98,10 +104,14 @@ impl Registry {
                     }
                     !idle
                 });
+                *subscriptions -= left.len();
                 for id in left {
                     abandoned.entry(id).or_default().push(grant::abandon(key));
                     if let Some(stream) = streams.get_mut(&id) {
                         stream.buckets.remove(key);
+                        stream.bucket_bytes = stream
+                            .bucket_bytes
+                            .saturating_sub(report::bucket_bytes(key));
                     }
                     bucket.gone.push(id);
                 }
@@ -143,6 +153,7 @@ impl Registry {
                 let keep = !bucket.members.is_empty();
                 if !keep {
                     self.metrics.quota.remove_bucket(domain, &label(key));
+                    *bucket_bytes -= report::bucket_bytes(key);
                 }
                 keep
             });
@@ -252,7 +263,8 @@ impl Registry {
 
 /// A bucket's entries as `key=value` joined by `,`, in key order (metrics, listings), with
 /// `\`, `,` and `=` inside keys and values escaped by `\`, so that two buckets never share
-/// a label.
+/// a label. Past `MAX_LABEL_BYTES` the text is cut and ends in `…#` and a digest of the whole,
+/// so that a label stays short whatever a data plane sends, and still names one bucket.
 pub fn label(key: &BucketKey) -> String {
     let escape = |text: &str| {
         text.replace('\\', "\\\\")
@@ -263,8 +275,23 @@ pub fn label(key: &BucketKey) -> String {
         .iter()
         .map(|(k, v)| format!("{}={}", escape(k), escape(v)))
         .collect();
-    entries.join(",")
+    let whole = entries.join(",");
+    if whole.len() <= MAX_LABEL_BYTES {
+        return whole;
+    }
+    let mut cut = MAX_LABEL_BYTES;
+    while !whole.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let digest: String = Sha256::digest(whole.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}…#{digest}", &whole[..cut])
 }
+
+/// Longest bucket label kept whole.
+const MAX_LABEL_BYTES: usize = 128;
 
 /// The store key of a bucket's demand: a digest of the domain and entries, so that any
 /// bytes clients send make a short key of fixed shape.
@@ -281,4 +308,28 @@ fn store_key(at: &BucketRef) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("tollgate:rlqs:{hex}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_bucket_label_is_cut_and_still_names_one_bucket() {
+        let key = |value: &str| BucketKey::from([("tenant".to_owned(), value.to_owned())]);
+        assert_eq!(label(&key("a,b=c")), "tenant=a\\,b\\=c");
+        let (one, other) = (
+            label(&key(&"x".repeat(5_000))),
+            label(&key(&format!("{}y", "x".repeat(4_999)))),
+        );
+        assert_eq!(
+            one.chars().take_while(|&c| c != '…').count(),
+            MAX_LABEL_BYTES
+        );
+        assert!(one.len() < MAX_LABEL_BYTES + 24, "{}", one.len());
+        assert_ne!(one, other);
+        // Cut on a character, not within one.
+        let wide = label(&key(&"日".repeat(100)));
+        assert!(wide.starts_with("tenant=日"));
+    }
 }

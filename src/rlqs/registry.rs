@@ -17,7 +17,7 @@ use super::QuotaOptions;
 use super::bucket::{self, BucketKey, Quota};
 use super::demand::{covered, smoothed};
 use super::grant::{self, Grant, Sent};
-use super::report::{MAX_BUCKETS_PER_STREAM, ReportError, bucket_key};
+use super::report::{MAX_BUCKETS_PER_STREAM, ReportError, bucket_bytes, bucket_key};
 use super::split::split;
 use crate::metrics::Metrics;
 use crate::pb::rate_limit_quota_response::BucketAction;
@@ -25,6 +25,9 @@ use crate::pb::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use crate::rules::RuleSet;
 
 pub type StreamId = u64;
+
+/// A stream may hold this fraction of `--rlqs-max-bucket-bytes` in the ids it reports.
+const STREAM_SHARE: usize = 16;
 
 /// Where a stream's responses go (the gRPC response stream reads the other end).
 pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, ReportError>>;
@@ -47,6 +50,9 @@ pub(super) struct State {
     pub(super) streams: HashMap<StreamId, Stream>,
     /// Per domain, the buckets this replica's streams report.
     pub(super) domains: HashMap<String, HashMap<Arc<BucketKey>, Bucket>>,
+    /// What the bounds count: subscriptions, and the bytes of the buckets' ids.
+    pub(super) subscriptions: usize,
+    pub(super) bucket_bytes: usize,
 }
 
 /// A bucket within its domain.
@@ -59,6 +65,8 @@ pub(super) struct Stream {
     pub(super) domain: Option<String>,
     /// The buckets it reports (the key as its `Bucket` holds it: one copy for every stream).
     pub(super) buckets: HashSet<Arc<BucketKey>>,
+    /// The bytes of their ids (`report::bucket_bytes`).
+    pub(super) bucket_bytes: usize,
 }
 
 /// One bucket as this replica knows it: its streams here (each a subscription), and what
@@ -133,8 +141,8 @@ impl Registry {
     }
 
     /// A new stream, answered through `outbox`; the receiver resolves when the registry
-    /// forgets the stream.
-    pub fn open(&self, outbox: Outbox) -> (StreamId, oneshot::Receiver<()>) {
+    /// forgets the stream. Refused past `--rlqs-max-streams`.
+    pub fn open(&self, outbox: Outbox) -> Result<(StreamId, oneshot::Receiver<()>), ReportError> {
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (ended, on_end) = oneshot::channel();
         let stream = Stream {
@@ -142,10 +150,15 @@ impl Registry {
             _ended: ended,
             domain: None,
             buckets: HashSet::new(),
+            bucket_bytes: 0,
         };
-        self.state().streams.insert(id, stream);
+        let mut state = self.state();
+        if state.streams.len() >= self.options.rlqs_max_streams {
+            return Err(ReportError::Full("--rlqs-max-streams"));
+        }
+        state.streams.insert(id, stream);
         self.metrics.quota.streams.inc();
-        (id, on_end)
+        Ok((id, on_end))
     }
 
     /// Forgets a closed stream.
@@ -189,7 +202,6 @@ impl Registry {
         id: StreamId,
         reports: RateLimitQuotaUsageReports,
     ) -> Result<(), ReportError> {
-        self.metrics.quota.reports.inc();
         let now = Instant::now();
         let rules = self.rules.load();
         let mut state = self.state();
@@ -200,12 +212,22 @@ impl Registry {
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
-            let State { streams, domains } = &mut *state;
+            let State {
+                streams,
+                domains,
+                subscriptions,
+                bucket_bytes: held_bytes,
+            } = &mut *state;
             let stream = streams.get_mut(&id).ok_or(ReportError::Closed)?;
             let buckets = domains.entry(domain.clone()).or_default();
             let bucket = match buckets.get_mut(&key) {
                 Some(bucket) => bucket,
                 None => {
+                    let bytes = bucket_bytes(&key);
+                    if *held_bytes + bytes > self.options.rlqs_max_bucket_bytes {
+                        return Err(ReportError::Full("--rlqs-max-bucket-bytes"));
+                    }
+                    *held_bytes += bytes;
                     let bucket = Bucket::new(key);
                     buckets.entry(Arc::clone(&bucket.key)).or_insert(bucket)
                 }
@@ -214,6 +236,20 @@ impl Registry {
                 if stream.buckets.len() >= MAX_BUCKETS_PER_STREAM {
                     return Err(ReportError::TooManyBuckets);
                 }
+                if *subscriptions >= self.options.rlqs_max_subscriptions {
+                    return Err(ReportError::Full("--rlqs-max-subscriptions"));
+                }
+                // One stream holds at most a share of the bytes, so that one client cannot
+                // fill the service (nor make it decode much before it is cut off).
+                let bytes = bucket_bytes(&bucket.key);
+                let share = self.options.rlqs_max_bucket_bytes / STREAM_SHARE;
+                if stream.bucket_bytes + bytes > share {
+                    return Err(ReportError::Full(
+                        "a stream's share of --rlqs-max-bucket-bytes",
+                    ));
+                }
+                stream.bucket_bytes += bytes;
+                *subscriptions += 1;
                 stream.buckets.insert(Arc::clone(&bucket.key));
                 new.push(Arc::clone(&bucket.key));
             }
@@ -283,6 +319,7 @@ impl State {
             && bucket.members.swap_remove(&id).is_some()
         {
             bucket.gone.push(id);
+            self.subscriptions -= 1;
         }
     }
 

@@ -29,7 +29,24 @@ pub enum ReportError {
     /// The stream ended (shutdown, or the client went) while its report was read.
     #[error("the stream is closed")]
     Closed,
+    /// A message of the stream could not be read (too large, too slow, not RLQS); the
+    /// status says why.
+    #[error("{message}")]
+    Unreadable { code: i32, message: String },
+    /// A bound of the whole quota service would be passed (`--rlqs-max-…`).
+    #[error("the quota service holds as much as it may: {0}")]
+    Full(&'static str),
 }
+
+/// What a bucket id holds in memory, as `--rlqs-max-bucket-bytes` counts it.
+pub fn bucket_bytes(key: &BucketKey) -> usize {
+    key.iter()
+        .map(|(k, v)| k.len() + v.len() + ENTRY_OVERHEAD)
+        .sum()
+}
+
+/// A map entry and its two strings' headers, about.
+const ENTRY_OVERHEAD: usize = 64;
 
 /// A bucket's entries, checked: at least one, none empty, at most `MAX_BUCKET_ENTRIES`, each
 /// key and value at most `MAX_ENTRY_BYTES`.

@@ -17,6 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::QuotaOptions;
 use super::registry::{Registry, StreamId};
 use super::report::ReportError;
+use crate::inbound::conduct::Conduct;
 use crate::intake::Intake;
 use crate::metrics::Metrics;
 use crate::pb::{
@@ -86,8 +87,17 @@ impl QuotaService {
     }
 }
 
-/// Largest report message: Envoy sends every bucket it knows in one.
-const MAX_REPORT_BYTES: usize = 4 * 1024 * 1024;
+/// Largest report message. Envoy sends every bucket it knows in one: a megabyte holds about
+/// ten thousand buckets of a few entries.
+const MAX_REPORT_BYTES: usize = 1024 * 1024;
+
+/// How long a refused stream's connection stays open for the refusal to reach its client.
+const REFUSAL_FLUSH: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Buckets of a report taken at a time; between two slices the stream's task yields, so that
+/// a report of thousands of buckets never holds a worker (and the RLS calls queued behind it)
+/// for long.
+const REPORT_SLICE: usize = 64;
 
 /// RLQS as tonic's router serves it: the generated server, its request bodies metered.
 #[derive(Clone)]
@@ -127,11 +137,17 @@ impl RateLimitQuotaService for QuotaService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Responses>, Status> {
+        let conduct = request.extensions().get::<Conduct>().cloned();
         let reports = request.into_inner();
         let (outbox, inbox) = mpsc::channel(OUTBOX_SIZE);
         // The registry holds the only sender: when it forgets the stream, the responses end.
-        let (id, ended) = self.registry.open(outbox);
-        tokio::spawn(read_reports(Arc::clone(&self.registry), id, reports, ended));
+        let (id, ended) = self.registry.open(outbox).map_err(Status::from)?;
+        tokio::spawn(read_reports(
+            Arc::clone(&self.registry),
+            (id, conduct),
+            reports,
+            ended,
+        ));
         let responses = futures_util::stream::unfold(inbox, |mut inbox| async move {
             let response = inbox.recv().await?;
             Some((response.map_err(Status::from), inbox))
@@ -145,7 +161,7 @@ impl RateLimitQuotaService for QuotaService {
 /// responses, and dropping `reports` resets the client's half of the stream.
 async fn read_reports(
     registry: Arc<Registry>,
-    id: StreamId,
+    (id, conduct): (StreamId, Option<Conduct>),
     mut reports: Streaming<RateLimitQuotaUsageReports>,
     mut ended: oneshot::Receiver<()>,
 ) {
@@ -157,27 +173,67 @@ async fn read_reports(
         };
         match message {
             Ok(Some(report)) => {
-                if let Err(error) = registry.report(id, report) {
+                if let Err(error) = take_report(&registry, id, report).await {
                     tracing::debug!(%error, "RLQS stream refused");
+                    // Past a bound of the whole service, the client loses its connection
+                    // too (once the refusal has had time to reach it), and its listener
+                    // pauses: reconnecting to fill the service again costs it more than it
+                    // costs tollgate.
+                    if let (ReportError::Full(_), Some(conduct)) = (&error, conduct) {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(REFUSAL_FLUSH).await;
+                            conduct.close();
+                        });
+                    }
                     registry.refuse(id, error);
                     return;
                 }
             }
             Ok(None) => return,
+            // The client went: nobody is left to tell.
+            Err(status) if status.code() == tonic::Code::Cancelled => return,
             Err(status) => {
                 tracing::debug!(%status, "RLQS stream ended");
+                let (code, message) = (status.code() as i32, status.message().to_owned());
+                registry.refuse(id, ReportError::Unreadable { code, message });
                 return;
             }
         }
     }
 }
 
-/// A refused report ends its stream as INVALID_ARGUMENT naming what was wrong; a stream that
-/// closed while its report was read, as CANCELLED.
+/// A report given to the registry `REPORT_SLICE` buckets at a time, yielding between.
+async fn take_report(
+    registry: &Registry,
+    id: StreamId,
+    mut report: RateLimitQuotaUsageReports,
+) -> Result<(), ReportError> {
+    registry.metrics.quota.reports.inc();
+    let mut usages = std::mem::take(&mut report.bucket_quota_usages);
+    loop {
+        let rest = usages.split_off(usages.len().min(REPORT_SLICE));
+        let slice = RateLimitQuotaUsageReports {
+            domain: report.domain.clone(),
+            bucket_quota_usages: usages,
+        };
+        registry.report(id, slice)?;
+        if rest.is_empty() {
+            return Ok(());
+        }
+        usages = rest;
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A refused report ends its stream as INVALID_ARGUMENT naming what was wrong; one past a
+/// bound of the whole service, as RESOURCE_EXHAUSTED naming the bound; a stream that closed
+/// while its report was read, as CANCELLED.
 impl From<ReportError> for Status {
     fn from(error: ReportError) -> Self {
         match error {
             ReportError::Closed => Status::cancelled(error.to_string()),
+            ReportError::Full(_) => Status::resource_exhausted(error.to_string()),
+            ReportError::Unreadable { code, message } => Status::new(code.into(), message),
             error => Status::invalid_argument(error.to_string()),
         }
     }

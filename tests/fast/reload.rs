@@ -193,3 +193,168 @@ async fn ready_needs_rules_waits_for_a_domain() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// One rewrite of the storm below: how it is made.
+#[derive(Clone, Copy, Debug)]
+enum Rewrite {
+    /// A ConfigMap update: a new `..<n>` directory, `..data` renamed over.
+    Swap,
+    /// The file written in place, its writer stalling between the halves.
+    SlowInPlace,
+    /// The file's link removed, written, and linked again after a gap.
+    DeleteAndRecreate,
+}
+
+/// `edge.yaml` in block style, so that a half-written file (cut within the number) is valid
+/// YAML with another limit: were it ever read, the storm would see that limit.
+fn block_limits(n: u32) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: minute\n      requests_per_unit: {n}\n"
+    )
+}
+
+#[cfg(unix)]
+fn configmap(dir: &Path, generation: u32, n: u32) {
+    use std::os::unix::fs::symlink;
+    let data = dir.join(format!("..{generation}"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("edge.yaml"), block_limits(n)).unwrap();
+    let _ = std::fs::remove_file(dir.join("..data_tmp"));
+    symlink(format!("..{generation}"), dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    if std::fs::symlink_metadata(dir.join("edge.yaml")).is_err() {
+        symlink("..data/edge.yaml", dir.join("edge.yaml")).unwrap();
+    }
+    if generation > 0 {
+        let _ = std::fs::remove_dir_all(dir.join(format!("..{}", generation - 1)));
+    }
+}
+
+/// Acceptance of the config storm: 100 rewrites in about 10 s (ConfigMap swaps, slow writes in
+/// place, deletes with gaps) while decisions are asked every 20 ms: every decision sees the
+/// limit of a whole write (never a half-written one, never none), and at most one write older
+/// than the last one whole a second before.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_rewrites_never_serves_a_half_written_or_missing_rule_set() {
+    storm(Duration::from_secs(1)).await;
+}
+
+/// The directory itself removed and made again (ten times, with gaps of 300 ms, decisions
+/// asked meanwhile): the rules in force stay while it is gone, never none, and each new
+/// directory's rules are taken.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_removed_and_made_again_keeps_the_rules_and_is_watched_anew() {
+    let server = start_with(&[], watching(None)).await;
+    let dir = server.config_dir().to_owned();
+    configmap(&dir, 0, 1_000);
+    serves(&server, "edge", Some(1_000)).await;
+    for generation in 1..=10 {
+        std::fs::remove_dir_all(&dir).unwrap();
+        let gap = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < gap {
+            let limit = limit_of(&server, "edge").await;
+            assert_eq!(
+                limit,
+                Some(1_000 + generation - 1),
+                "while the directory is gone"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::create_dir(&dir).unwrap();
+        configmap(&dir, generation, 1_000 + generation);
+        serves(&server, "edge", Some(1_000 + generation)).await;
+    }
+}
+
+/// The storm: 100 rewrites, decisions asked meanwhile; `freshness` is how far behind the
+/// rules in force may be.
+#[cfg(unix)]
+async fn storm(freshness: Duration) {
+    use std::io::Write as _;
+    use std::os::unix::fs::symlink;
+    let server = start_with(&[], watching(None)).await;
+    let dir = server.config_dir().to_owned();
+    configmap(&dir, 0, 1_000);
+    serves(&server, "edge", Some(1_000)).await;
+    let started = Instant::now();
+    // (when whole, limit), in order.
+    let written = std::sync::Arc::new(std::sync::Mutex::new(vec![(Duration::ZERO, 1_000)]));
+    let writer = {
+        let (dir, written) = (dir.clone(), std::sync::Arc::clone(&written));
+        tokio::task::spawn_blocking(move || {
+            let gap = || std::thread::sleep(Duration::from_millis(300));
+            for i in 1..=100u32 {
+                let n = 1_000 + i;
+                let rewrite = match i % 10 {
+                    3 => Rewrite::SlowInPlace,
+                    6 => Rewrite::DeleteAndRecreate,
+                    _ => Rewrite::Swap,
+                };
+                match rewrite {
+                    Rewrite::Swap => configmap(&dir, i, n),
+                    Rewrite::SlowInPlace => {
+                        let text = block_limits(n);
+                        let (head, tail) = text.split_at(text.len() - 3);
+                        let mut file = std::fs::File::create(dir.join("..data/edge.yaml")).unwrap();
+                        file.write_all(head.as_bytes()).unwrap();
+                        file.flush().unwrap();
+                        std::thread::sleep(Duration::from_millis(350));
+                        file.write_all(tail.as_bytes()).unwrap();
+                    }
+                    Rewrite::DeleteAndRecreate => {
+                        std::fs::remove_file(dir.join("edge.yaml")).unwrap();
+                        gap();
+                        std::fs::write(dir.join("..data/edge.yaml"), block_limits(n)).unwrap();
+                        symlink("..data/edge.yaml", dir.join("edge.yaml")).unwrap();
+                    }
+                }
+                written.lock().unwrap().push((started.elapsed(), n));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    let mut seen = Vec::new();
+    while !writer.is_finished() {
+        seen.push((started.elapsed(), limit_of(&server, "edge").await));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writer.await.unwrap();
+    let written = written.lock().unwrap().clone();
+    eprintln!(
+        "{} rewrites in {:?}, {} decisions",
+        written.len() - 1,
+        started.elapsed(),
+        seen.len()
+    );
+    let mut lags: Vec<(Duration, Duration)> = seen
+        .iter()
+        .filter_map(|(at, limit)| {
+            let index = written.iter().position(|(_, n)| Some(*n) == *limit)?;
+            let superseded = written.get(index + 1).map_or(*at, |(when, _)| *when);
+            Some((at.saturating_sub(superseded), *at))
+        })
+        .collect();
+    lags.sort();
+    eprintln!("worst lags: {:?}", &lags[lags.len().saturating_sub(5)..]);
+    for (at, limit) in &seen {
+        let limit = limit.unwrap_or_else(|| panic!("no limit in force at {at:?}"));
+        let index = written
+            .iter()
+            .position(|(_, n)| *n == limit)
+            .unwrap_or_else(|| panic!("limit {limit} at {at:?} was never written whole"));
+        // The last write whole `freshness` before, and the one before it.
+        let before = at.saturating_sub(freshness);
+        let last = written
+            .iter()
+            .rposition(|(when, _)| *when <= before)
+            .unwrap_or(0);
+        assert!(
+            index + 1 >= last,
+            "at {at:?} the limit was {limit} (write {index}), while write {last} was whole by {before:?}"
+        );
+    }
+    // Once the storm is over, the last write is in force.
+    serves(&server, "edge", Some(1_100)).await;
+}

@@ -159,7 +159,7 @@ fn fast() -> QuotaOptions {
         rlqs_interval: Duration::from_millis(100),
         rlqs_abandon_after: Duration::from_secs(2),
         rlqs_assignment_ttl: Duration::from_secs(30),
-        rlqs_floor: 0.1,
+        ..QuotaOptions::default()
     }
 }
 
@@ -410,4 +410,66 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
     // The hash expires with its last stream's stale time, twice over.
     let ttl: i64 = redis.query(&["PTTL", "bucket"]).parse().unwrap();
     assert!((1..=3000).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test]
+async fn past_a_bound_of_the_whole_service_a_stream_is_refused_and_the_others_go_on() {
+    let server = server(QuotaOptions {
+        rlqs_max_streams: 2,
+        rlqs_max_subscriptions: 3,
+        rlqs_max_bucket_bytes: 1_000,
+        rlqs_abandon_after: Duration::from_secs(60),
+        ..fast()
+    })
+    .await;
+    let mut first = Stream::open(&server).await;
+    first
+        .report("quota", &[("api", 1, 0), ("open", 1, 0)])
+        .await;
+    first.next().await.unwrap();
+    // Two more subscriptions where one is left: the stream ends, naming the bound.
+    let mut second = Stream::open(&server).await;
+    second
+        .report("quota", &[("api", 1, 0), ("closed", 1, 0)])
+        .await;
+    let status = loop {
+        if let Err(status) = second.next().await {
+            break status;
+        }
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("--rlqs-max-subscriptions"),
+        "{}",
+        status.message()
+    );
+    // A bucket id larger than the bytes left: the same, naming that bound.
+    let mut large = Stream::open(&server).await;
+    large.report("quota", &[(&"y".repeat(1_000), 1, 0)]).await;
+    let status = large.next().await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("--rlqs-max-bucket-bytes"),
+        "{}",
+        status.message()
+    );
+    // Two streams open: a third is refused as it opens.
+    let _held = Stream::open(&server).await;
+    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let refused = client
+        .stream_rate_limit_quotas(futures_util::stream::pending())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("--rlqs-max-streams"),
+        "{}",
+        refused.message()
+    );
+    // The first stream is still served: a bucket it adds (the last subscription left) is
+    // answered at once.
+    first.report("quota", &[("closed", 1, 0)]).await;
+    assert!(matches!(first.next_for("closed").await, Given::DenyAll(_)));
 }

@@ -8,6 +8,15 @@
 //! Both editing a file in place and a Kubernetes ConfigMap update (a new `..<timestamp>`
 //! directory, then the `..data` symlink renamed over) are seen: the watch is recursive and
 //! a reload happens only when the content of the files the loader reads has changed.
+//!
+//! A storm of changes never puts a rule set in force that was not written whole
+//! (`burst.rs`): a file written in place is not read while it is open for writing (inotify
+//! says when it is closed), its writer stalling up to 2 s between writes; a change that
+//! leaves fewer domains than are in force (files deleted to be written again) is taken only
+//! once the directory has stayed so for `REMOVAL_GRACE`; the directory itself removed keeps
+//! the rules in force, and made again is watched anew; and changes that keep coming are
+//! loaded every 250 ms whenever no file is being written, so the rules in force never fall
+//! far behind the files.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -19,12 +28,19 @@ use arc_swap::ArcSwap;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 
+mod burst;
+
+use burst::{Burst, EVENT_LAG, SETTLE};
+
 use crate::config;
 use crate::metrics::{self, Metrics};
 use crate::rules::RuleSet;
 
-/// How long a burst of file events must be quiet before the config is read.
-const SETTLE: Duration = Duration::from_millis(250);
+/// How long a change that removes domains must stay before it is taken.
+const REMOVAL_GRACE: Duration = Duration::from_secs(2);
+
+/// How often the watched directory is checked for having been removed or replaced.
+const ROOT_CHECK: Duration = Duration::from_millis(250);
 
 /// The outcome of the latest reload, for `GET /config`.
 #[derive(Debug, Default)]
@@ -152,93 +168,139 @@ impl Reloader {
         let mut ticks = tokio::time::interval(every);
         loop {
             ticks.tick().await;
-            self.reload_if_changed().await;
+            self.reload_if_changed(|| true).await;
         }
     }
 
+    /// Watches the directory for as long as it exists; watches it anew when it is removed
+    /// and made again (a watch follows the directory it was set on, not its path).
     async fn watch(mut self) {
-        let (events, mut changed) = mpsc::unbounded_channel::<()>();
-        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            // Reads (ours included: inotify reports opens) change nothing.
-            if event.is_ok_and(|event| !matches!(event.kind, notify::EventKind::Access(_))) {
-                let _ = events.send(());
-            }
-        })
-        .and_then(|mut watcher| {
-            watcher.watch(&self.dir, RecursiveMode::Recursive)?;
-            Ok(watcher)
-        });
-        let _watcher = match watcher {
-            Ok(watcher) => watcher,
-            Err(error) => {
-                tracing::error!(dir = %self.dir.display(), %error, "cannot watch the config directory; use --config-poll");
-                return;
-            }
-        };
-        self.reload_if_changed().await;
-        while changed.recv().await.is_some() {
-            // Let the burst settle (an editor's save or a ConfigMap swap is several events).
-            loop {
-                tokio::time::sleep(SETTLE).await;
-                let mut more = false;
-                while changed.try_recv().is_ok() {
-                    more = true;
+        let mut burst = Burst::new(self.dir.clone());
+        loop {
+            let root = identity(&self.dir);
+            let (events, mut changed) = mpsc::unbounded_channel::<notify::Event>();
+            let watcher =
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    if let Ok(event) = event {
+                        let _ = events.send(event);
+                    }
+                })
+                .and_then(|mut watcher| {
+                    watcher.watch(&self.dir, RecursiveMode::Recursive)?;
+                    // The directory's own removal and making again, seen from its parent.
+                    let parent = self.dir.parent().filter(|p| !p.as_os_str().is_empty());
+                    let parent = parent.unwrap_or(Path::new("."));
+                    let _ = watcher.watch(parent, RecursiveMode::NonRecursive);
+                    Ok(watcher)
+                });
+            let _watcher = match watcher {
+                Ok(watcher) => watcher,
+                // Gone for now (removed to be made again): look again in a moment.
+                Err(_) if root.is_none() => {
+                    tokio::time::sleep(ROOT_CHECK / 5).await;
+                    continue;
                 }
-                if !more {
+                Err(error) => {
+                    tracing::error!(dir = %self.dir.display(), %error, "cannot watch the config directory; use --config-poll");
+                    return;
+                }
+            };
+            self.reload_if_changed(|| burst.whole(&mut changed)).await;
+            // What was written as the watch began may have come without its events: look
+            // once more when it has settled.
+            burst.changed = true;
+            burst.root_replaced = false;
+            loop {
+                match tokio::time::timeout(ROOT_CHECK, changed.recv()).await {
+                    Ok(None) => return,
+                    Ok(Some(event)) => burst.note(&event),
+                    Err(_) => {}
+                }
+                if burst.root_replaced || identity(&self.dir) != root {
                     break;
                 }
+                if burst.changed {
+                    burst.settle(&mut changed).await;
+                    self.reload_if_changed(|| burst.whole(&mut changed)).await;
+                }
             }
-            self.reload_if_changed().await;
         }
     }
 
     /// Loads the config if the files changed since the last attempt. The files are
     /// fingerprinted before and after the load; if they changed in between (a write still in
-    /// progress), the load is retried once they settle, so a half-written file never stays in
-    /// force.
-    async fn reload_if_changed(&mut self) {
-        loop {
-            let (dir, load) = (self.dir.clone(), self.load);
-            let attempt = tokio::task::spawn_blocking(move || {
-                let before = fingerprint(&dir, load.dotfiles);
-                let loaded = config::load(&dir, load);
-                (before, loaded, fingerprint(&dir, load.dotfiles))
-            })
-            .await;
-            let (before, loaded, after) = match attempt {
-                Ok(attempt) => attempt,
-                Err(error) => {
-                    tracing::error!(%error, "config reload task failed");
-                    return;
-                }
-            };
-            if before == self.last_seen && after == self.last_seen {
-                return;
-            }
-            if before != after {
-                tokio::time::sleep(SETTLE).await;
-                continue;
-            }
-            // The first check only catches up with a change made since the initial load: it
-            // swaps the rules in, but a success is not counted as a reload.
-            let first = self.last_seen == 0;
-            self.last_seen = before;
-            self.apply(loaded, first);
+    /// progress), the load is not taken, and the change's events bring the next attempt once
+    /// the files settle, so a half-written file never stays in force.
+    async fn reload_if_changed(&mut self, mut whole: impl FnMut() -> bool) {
+        // A directory removed (to be made again, or for good) is no rule set: the rules in
+        // force stay, and the watch takes the directory up again when it is back.
+        if identity(&self.dir).is_none() {
+            tracing::warn!(dir = %self.dir.display(), "the config directory is gone; the rules in force stay");
             return;
         }
+        let (dir, load) = (self.dir.clone(), self.load);
+        let attempt = tokio::task::spawn_blocking(move || {
+            let before = fingerprint(&dir, load.dotfiles);
+            let loaded = config::load(&dir, load);
+            (before, loaded, fingerprint(&dir, load.dotfiles))
+        })
+        .await;
+        let (before, loaded, after) = match attempt {
+            Ok(attempt) => attempt,
+            Err(error) => {
+                tracing::error!(%error, "config reload task failed");
+                return;
+            }
+        };
+        // Unchanged; or changed while it was read, or (fewer domains than in force) not for
+        // long enough: the events of the change (or the next poll) bring the next attempt,
+        // once the files are whole again.
+        if before == self.last_seen && after == self.last_seen || before != after {
+            return;
+        }
+        if let Ok(rules) = &loaded
+            && !removed(&self.rules.load(), rules).is_empty()
+            && self.last_seen != 0
+            && !self.stays(before, REMOVAL_GRACE).await
+        {
+            return;
+        }
+        // A write that began as the files were read: its events are on their way from the
+        // watcher's thread.
+        tokio::time::sleep(EVENT_LAG).await;
+        if !whole() {
+            return;
+        }
+        // The first check only catches up with a change made since the initial load: it
+        // swaps the rules in, but a success is not counted as a reload.
+        let first = self.last_seen == 0;
+        self.last_seen = before;
+        self.apply(loaded, first);
+    }
+
+    /// Whether the files keep the fingerprint `seen` for `grace` (looked at every
+    /// `SETTLE / 2`, so that a file written again after a gap is taken up soon).
+    async fn stays(&self, seen: u64, grace: Duration) -> bool {
+        let until = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < until {
+            tokio::time::sleep(SETTLE / 2).await;
+            let (dir, dotfiles) = (self.dir.clone(), self.load.dotfiles);
+            let now = tokio::task::spawn_blocking(move || fingerprint(&dir, dotfiles)).await;
+            if now.ok() != Some(seen) {
+                return false;
+            }
+        }
+        true
     }
 
     fn apply(&self, loaded: Result<RuleSet, config::ConfigErrors>, catching_up: bool) {
         match loaded {
             Ok(rules) => {
-                let names = |rules: &RuleSet| -> std::collections::BTreeSet<String> {
-                    rules.domains().iter().map(|d| d.name.clone()).collect()
-                };
                 let (before, after) = (names(&self.rules.load()), names(&rules));
+                let removed = removed(&self.rules.load(), &rules);
                 self.rules.store(Arc::new(rules));
                 self.status.set(None);
                 // A domain that goes away lifts every limit in it: name it, whatever the level.
-                let removed: Vec<&String> = before.difference(&after).collect();
                 if !removed.is_empty() {
                     tracing::warn!(dir = %self.dir.display(), removed = ?removed, "domains removed by the reload: their requests are now unlimited");
                 }
@@ -265,6 +327,25 @@ impl Reloader {
             .inc();
         self.metrics.config.loaded(result == "success");
     }
+}
+
+/// The names of a rule set's domains.
+fn names(rules: &RuleSet) -> std::collections::BTreeSet<String> {
+    rules.domains().iter().map(|d| d.name.clone()).collect()
+}
+
+/// The domains in `now` that `next` would remove.
+fn removed(now: &RuleSet, next: &RuleSet) -> Vec<String> {
+    names(now).difference(&names(next)).cloned().collect()
+}
+
+/// What identifies a directory apart from its path (a directory made again at the same path
+/// is another); `None` when there is none there.
+fn identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(dir)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 /// A hash of the names and contents of the entries the loader would look at (following

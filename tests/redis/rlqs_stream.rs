@@ -417,7 +417,8 @@ async fn past_a_bound_of_the_whole_service_a_stream_is_refused_and_the_others_go
     let server = server(QuotaOptions {
         rlqs_max_streams: 2,
         rlqs_max_subscriptions: 3,
-        rlqs_max_bucket_bytes: 1_000,
+        // A stream's share, a sixteenth: 300 bytes, room for a few short buckets.
+        rlqs_max_bucket_bytes: 4_800,
         rlqs_abandon_after: Duration::from_secs(60),
         ..fast()
     })
@@ -443,7 +444,7 @@ async fn past_a_bound_of_the_whole_service_a_stream_is_refused_and_the_others_go
         "{}",
         status.message()
     );
-    // A bucket id larger than the bytes left: the same, naming that bound.
+    // A bucket id larger than a stream's share of the bytes: the same, naming that bound.
     let mut large = Stream::open(&server).await;
     large.report("quota", &[(&"y".repeat(1_000), 1, 0)]).await;
     let status = large.next().await.unwrap_err();

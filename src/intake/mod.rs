@@ -191,32 +191,30 @@ impl Drop for Counted {
 struct Charge(Option<OwnedSemaphorePermit>);
 
 impl Charge {
+    /// Permits missing to hold `held` bytes in all, if any.
+    fn missing(&self, held: usize) -> Result<Option<u32>, Refusal> {
+        let charged = self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        match held.checked_sub(charged).filter(|&more| more > 0) {
+            Some(more) => u32::try_from(more).map(Some).map_err(|_| Refusal::Bytes),
+            None => Ok(None),
+        }
+    }
+
     /// Holds permits for `held` bytes in all, taking what is missing.
     fn to(&mut self, budget: &Arc<Semaphore>, held: usize) -> Result<(), Refusal> {
-        let charged = self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
-        let Some(more) = held.checked_sub(charged).filter(|&more| more > 0) else {
-            return Ok(());
-        };
-        let more = u32::try_from(more).map_err(|_| Refusal::Bytes)?;
-        let permit = Arc::clone(budget)
-            .try_acquire_many_owned(more)
-            .map_err(|_| Refusal::Bytes)?;
-        self.add(permit);
+        if let Some(more) = self.missing(held)? {
+            let permit = Arc::clone(budget).try_acquire_many_owned(more);
+            self.add(permit.map_err(|_| Refusal::Bytes)?);
+        }
         Ok(())
     }
 
     /// Holds permits for `held` bytes in all, waiting for what is missing.
     async fn wait_for(&mut self, budget: &Arc<Semaphore>, held: usize) -> Result<(), Refusal> {
-        let charged = self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
-        let Some(more) = held.checked_sub(charged).filter(|&more| more > 0) else {
-            return Ok(());
-        };
-        let more = u32::try_from(more).map_err(|_| Refusal::Bytes)?;
-        let permit = Arc::clone(budget)
-            .acquire_many_owned(more)
-            .await
-            .map_err(|_| Refusal::Bytes)?;
-        self.add(permit);
+        if let Some(more) = self.missing(held)? {
+            let permit = Arc::clone(budget).acquire_many_owned(more).await;
+            self.add(permit.map_err(|_| Refusal::Bytes)?);
+        }
         Ok(())
     }
 

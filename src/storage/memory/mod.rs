@@ -216,18 +216,21 @@ mod tests {
         }
     }
 
+    /// `hits` as one request, each hit its own descriptor.
+    fn numbered(hits: &[Hit]) -> Vec<Hit> {
+        hits.iter()
+            .enumerate()
+            .map(|(descriptor, hit)| Hit {
+                descriptor,
+                ..hit.clone()
+            })
+            .collect()
+    }
+
     impl MemoryStore {
         /// Decides `hits` at `now`, each hit its own descriptor of one request.
         fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
-            let numbered: Vec<Hit> = hits
-                .iter()
-                .enumerate()
-                .map(|(descriptor, hit)| Hit {
-                    descriptor,
-                    ..hit.clone()
-                })
-                .collect();
-            self.apply_with(&numbered, || now).unwrap()
+            self.apply_with(&numbered(hits), || now).unwrap()
         }
     }
 
@@ -391,16 +394,8 @@ mod tests {
             hit("victim", 10, 1, Role::Enforced),
             hit("newcomer", 10, 1, Role::Enforced),
         ];
-        let numbered: Vec<Hit> = mixed
-            .iter()
-            .enumerate()
-            .map(|(descriptor, hit)| Hit {
-                descriptor,
-                ..hit.clone()
-            })
-            .collect();
         assert!(matches!(
-            store.apply_with(&numbered, || now),
+            store.apply_with(&numbered(&mixed), || now),
             Err(StoreError::Full { .. })
         ));
         let after = store.apply_now(&[hit("victim", 10, 1, Role::Enforced)], now);

@@ -32,8 +32,8 @@ pub struct Burst {
     root: PathBuf,
     /// Whether anything the loader reads may have changed since the last load.
     pub changed: bool,
-    /// Whether the directory itself was removed or made (again): its watch then ends, and a
-    /// new directory at the path may reuse its inode.
+    /// Whether the directory itself was removed (its watch says so as it ends): a new
+    /// directory at the path may reuse its inode, so only this tells the watch to begin anew.
     pub root_replaced: bool,
     /// Regular files written to (created or modified) and not seen closed since: their last
     /// write.
@@ -54,10 +54,7 @@ impl Burst {
         if event.paths.contains(&self.root) && (event.kind.is_remove() || event.kind.is_create()) {
             self.root_replaced = true;
         }
-        // Of the parent's entries (watched for the directory's own fate) only it matters.
-        if !event.paths.iter().any(|path| path.starts_with(&self.root)) {
-            return;
-        }
+
         use notify::EventKind::{Access, Create, Modify, Remove};
         use notify::event::{AccessKind, AccessMode, ModifyKind};
         match event.kind {

@@ -187,16 +187,13 @@ impl Reloader {
                 })
                 .and_then(|mut watcher| {
                     watcher.watch(&self.dir, RecursiveMode::Recursive)?;
-                    // The directory's own removal and making again, seen from its parent.
-                    let parent = self.dir.parent().filter(|p| !p.as_os_str().is_empty());
-                    let parent = parent.unwrap_or(Path::new("."));
-                    let _ = watcher.watch(parent, RecursiveMode::NonRecursive);
                     Ok(watcher)
                 });
             let _watcher = match watcher {
                 Ok(watcher) => watcher,
-                // Gone for now (removed to be made again): look again in a moment.
-                Err(_) if root.is_none() => {
+                // Gone for now (removed to be made again, maybe as it was being watched): look
+                // again in a moment.
+                Err(_) if root.is_none() || identity(&self.dir).is_none() => {
                     tokio::time::sleep(ROOT_CHECK / 5).await;
                     continue;
                 }

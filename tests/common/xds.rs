@@ -223,8 +223,13 @@ impl AggregatedDiscoveryService for Plane {
                         return;
                     }
                 };
+                if !send {
+                    // Marking the snapshot seen here would lose one pushed while this request
+                    // (an ACK) was read: it is sent when `changed` fires on the next turn.
+                    continue;
+                }
                 let snapshot = snapshots.borrow_and_update().clone();
-                if send && !snapshot.0.is_empty() {
+                if !snapshot.0.is_empty() {
                     nonce += 1;
                     if sender.send(Ok(response(&snapshot, nonce))).await.is_err() {
                         return;

@@ -1,6 +1,8 @@
-//! The floor of the gRPC path: an RLS v3 server whose handler answers OK to every descriptor
-//! without looking at it, on tollgate's runtime and transport settings. Benchmarks run it
-//! beside `tollgate serve` so that tollgate's cost is read against what any tonic server pays.
+//! The floor of the gRPC path: an RLS v3 server whose handler answers every descriptor OK
+//! with the fields tollgate answers (its limit, what remains, when it resets) without
+//! deciding anything, served as tollgate serves RLS: the same route, intake, connection
+//! bounds, runtime and allocator. Benchmarks run it beside `tollgate serve`, so that what
+//! they read is the decision's own cost, not the transport's or the encoding's.
 //!
 //! `cargo run --release --example null_server -- 127.0.0.1:8091 [--per-core]`
 //!
@@ -9,36 +11,59 @@
 
 use std::net::SocketAddr;
 
+use std::sync::Arc;
+
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tollgate::pb::{self, RateLimitServiceServer, rate_limit_response as rls};
+use tollgate::intake::{Intake, IntakeOptions};
+use tollgate::pb::{self, rate_limit_response as rls};
 use tollgate::runtime::{self, Flavor};
-use tonic::{Request, Response, Status};
+use tollgate::service::route::{Handler, RlsRoute};
+use tonic::Status;
+use tonic::metadata::MetadataMap;
 
 /// mimalloc instead of the system allocator (see docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+#[derive(Clone)]
 struct NullHandler;
 
-#[tonic::async_trait]
-impl pb::RateLimitService for NullHandler {
-    async fn should_rate_limit(
+impl Handler for NullHandler {
+    async fn handle(
         &self,
-        request: Request<pb::RateLimitRequest>,
-    ) -> Result<Response<pb::RateLimitResponse>, Status> {
-        let descriptors = request.get_ref().descriptors.len();
-        Ok(Response::new(pb::RateLimitResponse {
-            overall_code: rls::Code::Ok as i32,
-            statuses: (0..descriptors)
-                .map(|_| rls::DescriptorStatus {
-                    code: rls::Code::Ok as i32,
-                    ..Default::default()
-                })
-                .collect(),
+        _: &MetadataMap,
+        request: pb::RateLimitRequest,
+    ) -> Result<pb::RateLimitResponse, Status> {
+        // The benchmarks' rule (1,000 a second), as a decision early in its window answers.
+        let status = rls::DescriptorStatus {
+            code: rls::Code::Ok as i32,
+            current_limit: Some(rls::RateLimit {
+                requests_per_unit: 1000,
+                unit: rls::rate_limit::Unit::Second as i32,
+                ..Default::default()
+            }),
+            limit_remaining: 999,
+            duration_until_reset: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 999_000_000,
+            }),
             ..Default::default()
-        }))
+        };
+        Ok(pb::RateLimitResponse {
+            overall_code: rls::Code::Ok as i32,
+            statuses: vec![status; request.descriptors.len()],
+            ..Default::default()
+        })
     }
+
+    fn refuses_at_once(&self) -> Option<Status> {
+        None
+    }
+
+    fn count_intake_refusal(&self, _: &'static str) {}
+
+    fn count_refused(&self, _: tonic::Code) {}
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,10 +81,13 @@ fn main() -> anyhow::Result<()> {
     flavor.build()?.block_on(async {
         let listener = TcpListener::bind(addr).await?;
         eprintln!("null handler listening on {addr} ({flavor:?})");
-        let router = tollgate::server::grpc_server(
-            tollgate::intake::IntakeOptions::default().grpc_max_streams,
-        )
-        .add_service(RateLimitServiceServer::new(NullHandler));
+        let intake = IntakeOptions::default();
+        let route = RlsRoute::new(
+            NullHandler,
+            Arc::new(Intake::new(&intake)),
+            tollgate::descriptor::InputLimits::DEFAULT.max_request_bytes,
+        );
+        let router = tollgate::server::grpc_server(intake.grpc_max_streams).add_service(route);
         // Never stopped: the benchmark kills the process.
         let (_stop, stopped) = watch::channel(false);
         match flavor {

@@ -4,11 +4,16 @@
 //! (a deadline to arrive whole, a bound on what requests still arriving hold); a message that
 //! is not a `RateLimitRequest` is INVALID_ARGUMENT naming the decoding error. Every request
 //! refused here counts in `tollgate_requests_total` as the handler counts the rest.
+//!
+//! The route serves any `Handler`: tollgate's `RlsService`, or the benchmarks' null handler
+//! (examples/null_server.rs), which so pays for exactly the transport tollgate pays for.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use std::future::Future;
 
 use futures_util::future::BoxFuture;
 use http_body::Frame;
@@ -29,16 +34,62 @@ use crate::pb;
 /// The one method of the service.
 const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
+/// What answers the requests the route has read, and counts those refused before it.
+pub trait Handler: Clone + Send + Sync + 'static {
+    /// One request decided (or refused with its status).
+    fn handle(
+        &self,
+        metadata: &MetadataMap,
+        request: pb::RateLimitRequest,
+    ) -> impl Future<Output = Result<pb::RateLimitResponse, Status>> + Send;
+
+    /// The refusal of a request not to be read at all, when the handler is overloaded.
+    fn refuses_at_once(&self) -> Option<Status>;
+
+    /// A request the intake refused while reading it, for `reason`.
+    fn count_intake_refusal(&self, reason: &'static str);
+
+    /// A request refused before it reached `handle`, with `code`.
+    fn count_refused(&self, code: tonic::Code);
+}
+
+impl Handler for RlsService {
+    fn handle(
+        &self,
+        metadata: &MetadataMap,
+        request: pb::RateLimitRequest,
+    ) -> impl Future<Output = Result<pb::RateLimitResponse, Status>> + Send {
+        RlsService::handle(self, metadata, request)
+    }
+
+    fn refuses_at_once(&self) -> Option<Status> {
+        let overloaded = self.admission.refuses_at_once()?;
+        Some(Status::resource_exhausted(overloaded.to_string()))
+    }
+
+    fn count_intake_refusal(&self, reason: &'static str) {
+        self.metrics.service.count_refusal(reason);
+    }
+
+    fn count_refused(&self, code: tonic::Code) {
+        // Observed as answered at once, so that the decision histogram still counts every
+        // answered request.
+        let metrics = &self.metrics.service;
+        metrics.observe_decision(Duration::ZERO);
+        metrics.count_request(code);
+    }
+}
+
 /// RLS v3 as tonic's router serves it.
 #[derive(Clone)]
-pub struct RlsRoute {
-    service: RlsService,
+pub struct RlsRoute<H = RlsService> {
+    service: H,
     intake: Arc<Intake>,
     max_request_bytes: usize,
 }
 
-impl RlsRoute {
-    pub fn new(service: RlsService, intake: Arc<Intake>, max_request_bytes: usize) -> Self {
+impl<H: Handler> RlsRoute<H> {
+    pub fn new(service: H, intake: Arc<Intake>, max_request_bytes: usize) -> Self {
         Self {
             service,
             intake,
@@ -70,11 +121,8 @@ impl RlsRoute {
                 Err(status) => status.into_http(),
             },
             Err(status) => {
-                // Counted as the handler counts its own refusals, and observed as answered at
-                // once, so that the decision histogram still counts every answered request.
-                let metrics = &self.service.metrics.service;
-                metrics.observe_decision(Duration::ZERO);
-                metrics.count_request(status.code());
+                // Counted as the handler counts its own refusals.
+                self.service.count_refused(status.code());
                 status.into_http()
             }
         }
@@ -86,15 +134,15 @@ impl RlsRoute {
         body: Body,
         conduct: Option<&Conduct>,
     ) -> Result<pb::RateLimitRequest, Status> {
-        if let Some(overloaded) = self.service.admission.refuses_at_once() {
-            return Err(Status::resource_exhausted(overloaded.to_string()));
+        if let Some(refused) = self.service.refuses_at_once() {
+            return Err(refused);
         }
         let message = self
             .intake
             .unary(body, self.max_request_bytes, conduct)
             .await
             .map_err(|refusal| {
-                self.service.metrics.service.count_refusal(refusal.reason());
+                self.service.count_intake_refusal(refusal.reason());
                 Status::from(refusal)
             })?;
         pb::RateLimitRequest::decode(message)
@@ -102,7 +150,7 @@ impl RlsRoute {
     }
 }
 
-impl Service<http::Request<Body>> for RlsRoute {
+impl<H: Handler> Service<http::Request<Body>> for RlsRoute<H> {
     type Response = http::Response<Body>;
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
@@ -117,7 +165,7 @@ impl Service<http::Request<Body>> for RlsRoute {
     }
 }
 
-impl NamedService for RlsRoute {
+impl<H> NamedService for RlsRoute<H> {
     const NAME: &'static str = "envoy.service.ratelimit.v3.RateLimitService";
 }
 

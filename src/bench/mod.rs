@@ -74,6 +74,12 @@ pub struct BenchArgs {
     /// file: a hot key's admissions per window are counted from it (`scripts/hot-key`).
     #[arg(long, env = "TOLLGATE_BENCH_OK_TIMES")]
     pub ok_times: Option<std::path::PathBuf>,
+
+    /// Write the first request as the body of a gRPC call (its 5-byte message header, then
+    /// the message) to this file and exit without a run: what `h2load -d` sends
+    /// (`scripts/overload h2load`).
+    #[arg(long, env = "TOLLGATE_BENCH_WRITE_BODY")]
+    pub write_body: Option<std::path::PathBuf>,
 }
 
 /// What one run measured (after the warm-up).
@@ -188,6 +194,13 @@ impl Tally {
         }
         Ok(())
     }
+}
+
+/// Writes the first request of `shape` to `path` as a unary gRPC call's body.
+pub fn write_body(shape: &RequestShape, path: &std::path::Path) -> anyhow::Result<()> {
+    let body = Requests::new(shape).grpc_body(0);
+    std::fs::write(path, body)
+        .map_err(|error| anyhow::anyhow!("--write-body {}: {error}", path.display()))
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<Report> {

@@ -84,6 +84,19 @@ impl Requests {
         }
     }
 
+    /// The `index`-th request as the body of a unary gRPC call: uncompressed, its length,
+    /// then the message.
+    pub fn grpc_body(&self, index: usize) -> Vec<u8> {
+        let message = self.get(index);
+        // A bench request is far below 4 GiB.
+        let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
+        let mut body = Vec::with_capacity(5 + message.len());
+        body.push(0);
+        body.extend_from_slice(&length.to_be_bytes());
+        body.extend_from_slice(&message);
+        body
+    }
+
     /// The request for one value.
     pub fn request(&self, value: usize) -> pb::RateLimitRequest {
         pb::RateLimitRequest {
@@ -133,6 +146,20 @@ mod tests {
         assert_eq!(few.get(1), encoded(&few.request(1)));
         let value = &few.request(1).descriptors[1].entries[0];
         assert_eq!((value.key.as_str(), value.value.as_str()), ("user", "1-1"));
+    }
+
+    #[test]
+    fn a_grpc_body_is_the_message_after_its_length() {
+        let one = requests(&["--domain", "load", "--values", "2"]);
+        let body = one.grpc_body(1);
+        assert_eq!(
+            body[..5],
+            [0, 0, 0, 0, u8::try_from(body.len() - 5).unwrap()]
+        );
+        assert_eq!(body[5..], one.get(1));
+        let decoded = <pb::RateLimitRequest as prost::Message>::decode(&body[5..]).unwrap();
+        assert_eq!(decoded.domain, "load");
+        assert_eq!(decoded.descriptors[0].entries[0].value, "1");
     }
 
     #[test]

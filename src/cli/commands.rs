@@ -177,6 +177,10 @@ async fn reset(args: ResetArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(path) = &args.write_body {
+        bench::write_body(&args.requests, path)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let report = bench::run(&args).await?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

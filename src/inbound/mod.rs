@@ -61,6 +61,9 @@ pub struct Deadlines {
     pub handshake: Duration,
     pub idle: Duration,
     pub write_stalled: Duration,
+    /// How long a connection lives at most, whatever it is doing: the end of an aged gRPC
+    /// connection's grace (`--grpc-max-connection-age` plus its grace).
+    pub lifetime: Option<Duration>,
 }
 
 impl InboundOptions {
@@ -69,6 +72,7 @@ impl InboundOptions {
             handshake: self.connection_handshake_timeout,
             idle: self.connection_idle_timeout,
             write_stalled: self.connection_write_timeout,
+            lifetime: None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! One accepted connection, watched at the byte level: a peer that sends nothing after
 //! connecting (`handshake`), or nothing for a long time (`idle`), or stops reading what is
-//! written to it (`write_stalled`), or whose connection was chosen to close for the requests
+//! written to it (`write_stalled`), or whose connection outlived its age and grace
+//! (`max_age`), or whose connection was chosen to close for the requests
 //! it left waiting (`slow_client`) or for going past a bound of the service (`over_bound`,
 //! `conduct.rs`), has its connection fail with a timeout,
 //! which closes it and frees whatever the protocol above held for it: streams, buffered
@@ -59,11 +60,17 @@ impl<S> Inbound<S> {
             None => (self.opened + deadlines.handshake, "handshake"),
             Some(heard) => (heard + deadlines.idle, "idle"),
         };
-        match self.blocked {
+        let watched = match self.blocked {
             Some(since) if since + deadlines.write_stalled < read.0 => {
                 (since + deadlines.write_stalled, "write_stalled")
             }
             _ => read,
+        };
+        match deadlines.lifetime {
+            Some(lifetime) if self.opened + lifetime < watched.0 => {
+                (self.opened + lifetime, "max_age")
+            }
+            _ => watched,
         }
     }
 

@@ -26,7 +26,7 @@ pub struct ListenerMetrics {
 
 impl ListenerMetrics {
     /// One connection closed by tollgate for `reason` (`limit`, `handshake`, `idle`,
-    /// `write_stalled`, `slow_client`, `over_bound`).
+    /// `write_stalled`, `max_age`, `slow_client`, `over_bound`).
     pub fn count_closed(&self, reason: &'static str) {
         let labels = vec![
             ("listener", self.listener.to_owned()),
@@ -45,7 +45,7 @@ impl ConnectionMetrics {
         );
         registry.register(
             "connections_closed",
-            "Connections tollgate closed, by listener and reason: limit (over --grpc-max-connections or --http-max-connections), handshake (no first bytes within --connection-handshake-timeout), idle (--connection-idle-timeout), write_stalled (answers not read for --connection-write-timeout), slow_client (the connection with the most requests waiting on its client, past --grpc-max-requests-waiting), over_bound (its client went past a bound of the whole service: --rlqs-max-subscriptions, --rlqs-max-bucket-bytes)",
+            "Connections tollgate closed, by listener and reason: limit (over --grpc-max-connections or --http-max-connections), handshake (no first bytes within --connection-handshake-timeout), idle (--connection-idle-timeout), write_stalled (answers not read for --connection-write-timeout), max_age (still open at the end of --grpc-max-connection-age-grace), slow_client (the connection with the most requests waiting on its client, past --grpc-max-requests-waiting), over_bound (its client went past a bound of the whole service: --rlqs-max-subscriptions, --rlqs-max-bucket-bytes)",
             self.closed.clone(),
         );
         registry.register(

@@ -11,9 +11,9 @@ use tokio::net::{TcpListener, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tonic::transport::server::Router;
 
-use crate::inbound::InboundOptions;
 use crate::inbound::accept::Acceptor;
 use crate::inbound::watched::Inbound;
+use crate::inbound::{Deadlines, InboundOptions};
 use crate::intake::{Intake, IntakeOptions};
 use crate::metrics::Metrics;
 use crate::rlqs::service::QuotaService;
@@ -91,6 +91,17 @@ impl Default for ConnectionOptions {
     }
 }
 
+impl ConnectionOptions {
+    /// The deadlines of a gRPC connection: the inbound ones, and its whole life when
+    /// connections age.
+    pub fn deadlines(&self) -> Deadlines {
+        Deadlines {
+            lifetime: (!self.max_age.is_zero()).then(|| self.max_age + self.max_age_grace),
+            ..self.inbound.deadlines()
+        }
+    }
+}
+
 /// The gRPC routes: RLS v3, RLQS, gRPC health, and server reflection (so that `grpcurl list` and
 /// `grpcurl describe` work without the proto files).
 pub fn grpc_router(
@@ -110,9 +121,11 @@ pub fn grpc_router(
     let intake_bounds = Arc::new(Intake::new(intake));
     let mut server = grpc_server(intake.grpc_max_streams);
     if !connections.max_age.is_zero() {
-        server = server
-            .max_connection_age(connections.max_age)
-            .max_connection_age_grace(connections.max_age_grace);
+        // The age only: given a grace too, tonic sleeps through age and grace and then cuts
+        // the connection, without the GOAWAY that tells the client to move its new calls
+        // elsewhere, so that calls in flight at the cut fail. The grace is the connection's
+        // lifetime deadline instead (`ConnectionOptions::deadlines`).
+        server = server.max_connection_age(connections.max_age);
     }
     Ok(server
         .add_service(health_service)
@@ -140,18 +153,18 @@ pub fn grpc_server(max_streams: u32) -> tonic::transport::Server {
 /// HTTP/2's own default window: 64 KiB.
 const STREAM_WINDOW: u32 = 65_535;
 
-/// The gRPC listener's acceptor: its connections within `inbound`'s bounds, counted in
+/// The gRPC listener's acceptor: its connections within `connections`' bounds, counted in
 /// `metrics`.
 pub fn grpc_acceptor(
     listener: TcpListener,
-    inbound: &InboundOptions,
+    connections: &ConnectionOptions,
     metrics: &Metrics,
 ) -> Acceptor {
     Acceptor::new(
         listener,
         "grpc",
-        inbound.grpc_max_connections,
-        inbound.deadlines(),
+        connections.inbound.grpc_max_connections,
+        connections.deadlines(),
         metrics.connections.listener("grpc"),
     )
 }
@@ -161,7 +174,7 @@ pub fn grpc_acceptor(
 pub fn tcp_incoming(
     listener: TcpListener,
 ) -> impl futures_util::Stream<Item = std::io::Result<Inbound<tokio::net::TcpStream>>> {
-    grpc_acceptor(listener, &InboundOptions::default(), &Metrics::default()).incoming()
+    grpc_acceptor(listener, &ConnectionOptions::default(), &Metrics::default()).incoming()
 }
 
 /// The connections accepted on a Unix socket.
@@ -175,12 +188,12 @@ fn unix_incoming(
 }
 
 /// Serves gRPC on `listener` (over TLS, or across the per-core runtimes) until `stopped`,
-/// each TCP connection within `inbound`'s bounds.
+/// each TCP connection within `connections`' bounds.
 pub(super) fn serve_grpc(
     router: Router,
     listener: GrpcListener,
     tls: Option<(TlsFiles, Arc<ServerConfig>)>,
-    (flavor, inbound, metrics): (Flavor, InboundOptions, &Metrics),
+    (flavor, connections, metrics): (Flavor, ConnectionOptions, &Metrics),
     stopped: &watch::Receiver<bool>,
 ) -> Serving {
     let stop = wait_for(stopped.clone());
@@ -196,7 +209,7 @@ pub(super) fn serve_grpc(
             return tokio::spawn(async move { Ok(serving.await?) });
         }
     };
-    let acceptor = grpc_acceptor(listener, &inbound, metrics);
+    let acceptor = grpc_acceptor(listener, &connections, metrics);
     match tls {
         Some((files, config)) => {
             let incoming = TlsIncoming::new(acceptor, files, config);

@@ -369,11 +369,7 @@ pub async fn run(
         &options.service.intake,
         options.connections,
     )?;
-    let transport = (
-        options.runtime,
-        options.connections.inbound,
-        &*options.metrics,
-    );
+    let transport = (options.runtime, options.connections, &*options.metrics);
     let mut grpc = serve_grpc(router, listeners.grpc, tls, transport, &stopped);
     let admin = crate::admin::router(
         options.admin_writes.clone(),

@@ -1,7 +1,7 @@
 //! What a client can hold on the gRPC port, over real sockets: a request must arrive whole in
 //! time and decode, a connection that leaves too many requests waiting on it is closed while
-//! others keep being answered, and a connection past the cap, a silent socket, an idle one and
-//! one that never reads are closed, each counted by reason.
+//! others keep being answered, and a connection past the cap, a silent socket, an idle one,
+//! one that never reads and one past its age are closed, each counted by reason.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -296,6 +296,78 @@ async fn a_silent_socket_an_idle_connection_and_one_that_never_reads_are_closed(
         .unwrap();
     assert!(sent > 100, "{sent}");
     assert_eq!(closed("write_stalled").await, 1.0);
+}
+
+/// The type of each HTTP/2 frame the server sends on `socket` until it closes it (within
+/// `within`), with the instant it arrived.
+async fn frames_until_closed(socket: &mut TcpStream, within: Duration) -> Vec<(u8, Instant)> {
+    let deadline = Instant::now() + within;
+    let (mut received, mut frames) = (Vec::new(), Vec::new());
+    let mut buffer = [0u8; 4096];
+    loop {
+        let read = tokio::time::timeout_at(deadline.into(), socket.read(&mut buffer));
+        match read.await.expect("the server closes the connection") {
+            Ok(0) | Err(_) => return frames,
+            Ok(count) => received.extend_from_slice(&buffer[..count]),
+        }
+        while received.len() >= 9 {
+            let length = usize::from(received[0]) << 16
+                | usize::from(received[1]) << 8
+                | usize::from(received[2]);
+            if received.len() < 9 + length {
+                break;
+            }
+            frames.push((received[3], Instant::now()));
+            received.drain(..9 + length);
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_aged_connection_is_told_to_go_away_then_closed_at_the_end_of_its_grace() {
+    const GOAWAY: u8 = 0x7;
+    let options = Options {
+        service: ServiceOptions {
+            // A call not sent whole is kept open past the grace by nothing but the age.
+            intake: IntakeOptions {
+                grpc_request_timeout: Duration::from_secs(60),
+                ..IntakeOptions::default()
+            },
+            ..ServiceOptions::default()
+        },
+        connections: ConnectionOptions {
+            max_age: Duration::from_millis(500),
+            max_age_grace: Duration::from_millis(700),
+            ..ConnectionOptions::default()
+        },
+        ..Options::default()
+    };
+    let setup = Setup {
+        options,
+        ..Setup::default()
+    };
+    let server = start_with(&[("h.yaml", RULES)], setup).await;
+    let mut socket = TcpStream::connect(server.grpc).await.unwrap();
+    let opened = Instant::now();
+    let message = request("alice");
+    let call = raw::request(1, &message);
+    // The call's headers, not its message: a call in flight for as long as the connection.
+    let headers = &call[..call.len() - 9 - message.len()];
+    socket.write_all(&raw::preface()).await.unwrap();
+    socket.write_all(headers).await.unwrap();
+    let frames = frames_until_closed(&mut socket, Duration::from_secs(20)).await;
+    let closed = opened.elapsed();
+    let (_, told) = frames
+        .iter()
+        .find(|(kind, _)| *kind == GOAWAY)
+        .unwrap_or_else(|| panic!("no GOAWAY before the close: {frames:?}"));
+    let told = *told - opened;
+    // Told at its age, so that the client opens its next calls elsewhere; closed at the end
+    // of the grace, with the call still in flight.
+    assert!(told >= Duration::from_millis(500), "{told:?}");
+    assert!(closed >= Duration::from_millis(1200), "{closed:?}");
+    let counted = metric(server.http, "tollgate_connections_closed_total", "max_age").await;
+    assert_eq!(counted, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ pub mod encode;
 mod failure;
 mod options;
 pub mod route;
+mod throttle;
 
 pub use encode::encode;
 pub use options::{OnStoreError, STORE_ERROR_HEADER, ServiceOptions, StoreErrorHeader};
@@ -225,7 +226,14 @@ fn show_outcome(response: &pb::RateLimitResponse) -> String {
     format!("{}: {}", name(response.overall_code), statuses.join(", "))
 }
 
+/// The warning of a failed store call, said at most once a second: a store down fails every
+/// request, and the metrics count them (`tollgate_requests_total` by code,
+/// `tollgate_store_errors_total` by kind).
+static STORE_FAILURES: throttle::Throttle =
+    throttle::Throttle::new(std::time::Duration::from_secs(1));
+
 /// Why a call failed.
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -249,7 +257,9 @@ impl From<Error> for Status {
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
             // whether traffic passes while the store is down, as the operator configured.
             Error::Store(error) => {
-                tracing::warn!(%error, "store call failed");
+                if let Some(unsaid) = STORE_FAILURES.may_say() {
+                    tracing::warn!(%error, unsaid, "store call failed (said at most once a second; unsaid: the failures since the last line)");
+                }
                 Status::unavailable("rate limit store unavailable")
             }
         }

@@ -43,10 +43,26 @@ h2() {
 }
 metrics() { curl -fs "http://127.0.0.1:$http/metrics" > "$1"; }
 
-echo "== capacity ($store store, $connections connections, 16 streams each): h2load closed loop, 10 s"
-h2 -m 16 -D 10 --warm-up-time 2 > "$work/capacity.txt"
-capacity=$(awk '/^finished in/ {print int($4)}' "$work/capacity.txt")
+# Capacity: closed loop with as many streams as the server grants each connection, so that
+# it is saturated (and batches as it does under overload).
+# Decisions only: answers that are not (UNAVAILABLE, RESOURCE_EXHAUSTED) are no capacity.
+echo "== capacity ($store store, $connections connections, their streams full): h2load closed loop, 10 s"
+metrics "$work/before.txt"
+h2 -m 256 -D 10 > "$work/capacity.txt"
+metrics "$work/after.txt"
 grep -E '^(finished|requests|time for request)' "$work/capacity.txt"
+capacity=$(python3 - "$work/before.txt" "$work/after.txt" <<'PY'
+import re, sys
+def ok(path):
+    for line in open(path):
+        m = re.match(r'tollgate_requests_total\{code="OK"\} (\S+)', line)
+        if m:
+            return float(m[1])
+    return 0.0
+print(max(1, int((ok(sys.argv[2]) - ok(sys.argv[1])) / 10)))
+PY
+)
+echo "capacity: $capacity decisions/s"
 
 echo
 echo "| offered | offered/s | started/s | answered/s | decisions within 20 ms /s | × capacity | decision p99 (at most) | refusals | RSS MiB (first, peak) |"

@@ -38,7 +38,7 @@
 //! - `service`: RLS v3 over gRPC (`service/options.rs` `ServiceOptions`, the response flags;
 //!   `service/encode.rs` the reference's status shapes; `service/failure.rs` the answer when
 //!   the store fails; `service/deadline.rs` the client's deadline; `service/route.rs` the method as an HTTP/2
-//!   route). `rlqs`: the Rate
+//!   route; `service/throttle.rs` the store-failure warning said at most once a second). `rlqs`: the Rate
 //!   Limit Quota Service (`rlqs/bucket.rs` which rule a bucket falls under, `rlqs/demand.rs` a
 //!   stream's demand from its reports, `rlqs/split.rs` a rate divided by demand, `rlqs/grant.rs` one stream's assignment, `rlqs/report.rs` what
 //!   a stream may report, `rlqs/registry.rs` the

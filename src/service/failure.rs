@@ -19,7 +19,7 @@ pub fn answer(
         OnStoreError::Deny => rls::Code::OverLimit,
     };
     let policy = options.on_store_error;
-    if let Some(unsaid) = super::STORE_FAILURES.may_say() {
+    if let Some(unsaid) = super::throttle::STORE_FAILURES.may_say() {
         tracing::warn!(%error, ?policy, unsaid, "store call failed; answering by policy (said at most once a second; unsaid: the failures since the last line)");
     }
     let mut response = pb::RateLimitResponse {

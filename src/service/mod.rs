@@ -226,12 +226,6 @@ fn show_outcome(response: &pb::RateLimitResponse) -> String {
     format!("{}: {}", name(response.overall_code), statuses.join(", "))
 }
 
-/// The warning of a failed store call, said at most once a second: a store down fails every
-/// request, and the metrics count them (`tollgate_requests_total` by code,
-/// `tollgate_store_errors_total` by kind).
-static STORE_FAILURES: throttle::Throttle =
-    throttle::Throttle::new(std::time::Duration::from_secs(1));
-
 /// Why a call failed.
 
 #[derive(Debug, thiserror::Error)]
@@ -257,7 +251,7 @@ impl From<Error> for Status {
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
             // whether traffic passes while the store is down, as the operator configured.
             Error::Store(error) => {
-                if let Some(unsaid) = STORE_FAILURES.may_say() {
+                if let Some(unsaid) = throttle::STORE_FAILURES.may_say() {
                     tracing::warn!(%error, unsaid, "store call failed (said at most once a second; unsaid: the failures since the last line)");
                 }
                 Status::unavailable("rate limit store unavailable")

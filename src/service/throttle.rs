@@ -5,6 +5,11 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// The warning of a failed store call, said at most once a second: a store down fails every
+/// request, and the metrics count them (`tollgate_requests_total` by code,
+/// `tollgate_store_errors_total` by kind).
+pub static STORE_FAILURES: Throttle = Throttle::new(Duration::from_secs(1));
+
 pub struct Throttle {
     every: Duration,
     state: Mutex<State>,

@@ -540,12 +540,56 @@ pub async fn readyz_status(addr: SocketAddr) -> Option<u16> {
     .flatten()
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port free a moment ago on 127.0.0.1, for a process the test starts to bind.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port()
+    free_ports_at(&[0])
+}
+
+/// Ports this test process has handed out: none is handed out twice.
+static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A port `p` such that `p + offset` is free for every offset (a Redis Cluster node binds its
+/// port and its bus, 10,000 above). Taken below the kernel's ephemeral range, where no outgoing
+/// connection can take it between this choice and its server's bind (a port from the range,
+/// as binding port 0 gives, was now and then taken by a connection of a test running beside,
+/// and the server then failed to start), and never twice in one test process.
+pub fn free_ports_at(offsets: &[u16]) -> u16 {
+    const LOWEST: u16 = 10_000;
+    let span = offsets.iter().copied().max().unwrap_or(0);
+    let top = ephemeral_start().saturating_sub(span);
+    let Some(width) = top.checked_sub(LOWEST).filter(|width| *width >= 1_000) else {
+        panic!("no room for test ports below the ephemeral range (it starts at {top})");
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.subsec_nanos())
+        ^ std::process::id();
+    let mut handed_out = HANDED_OUT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let start = u32::from(LOWEST) + seed % u32::from(width);
+    for step in 0..u32::from(width) {
+        let base = u32::from(LOWEST) + (start - u32::from(LOWEST) + step) % u32::from(width);
+        let base = u16::try_from(base).expect("below the ephemeral range");
+        let ports: Vec<u16> = offsets.iter().map(|offset| base + offset).collect();
+        let free = ports.iter().all(|port| {
+            !handed_out.contains(port) && std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok()
+        });
+        if free {
+            handed_out.extend(ports);
+            return base;
+        }
+    }
+    panic!("no free port between {LOWEST} and {top}")
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 pub fn spawn_serve(config: &Path, grpc: u16, http: u16) -> ChildGuard {
@@ -653,14 +697,29 @@ impl Replica {
         readyz_status(self.http_addr()).await == Some(200)
     }
 
+    /// Whether the process still runs: a server that exited (a port it could not bind, a
+    /// flag refused) is told apart from one that is slow to be ready.
+    fn liveness(&self) -> &'static str {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.process.0.id()));
+        match stat
+            .as_deref()
+            .map(|stat| stat.rsplit(')').next().unwrap_or("").trim_start())
+        {
+            Ok(state) if state.starts_with('Z') => "the process has exited",
+            Ok(_) => "the process still runs",
+            Err(_) => "the process is gone",
+        }
+    }
+
     /// Waits (up to 60 s, for a loaded machine) until `/readyz` says ready.
     pub async fn wait_ready(&self) {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while !self.ready().await {
             assert!(
                 std::time::Instant::now() < deadline,
-                "tollgate on {} never became ready",
-                self.grpc
+                "tollgate on {} never became ready ({})",
+                self.grpc,
+                self.liveness()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use super::{free_port, require};
+use super::{free_port, free_ports_at, require};
 
 /// One redis-server process.
 pub struct RedisServer {
@@ -22,12 +22,7 @@ pub struct RedisServer {
 
 /// A port free for a client and, for a cluster node, for its bus (port + 10000).
 fn free_node_port() -> u16 {
-    loop {
-        let port = free_port();
-        if port < 55_000 && std::net::TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
-            return port;
-        }
-    }
+    free_ports_at(&[0, 10_000])
 }
 
 impl RedisServer {

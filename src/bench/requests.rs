@@ -86,15 +86,8 @@ impl Requests {
 
     /// The `index`-th request as the body of a unary gRPC call: uncompressed, its length,
     /// then the message.
-    pub fn grpc_body(&self, index: usize) -> Vec<u8> {
-        let message = self.get(index);
-        // A bench request is far below 4 GiB.
-        let length = u32::try_from(message.len()).unwrap_or(u32::MAX);
-        let mut body = Vec::with_capacity(5 + message.len());
-        body.push(0);
-        body.extend_from_slice(&length.to_be_bytes());
-        body.extend_from_slice(&message);
-        body
+    pub fn grpc_body(&self, index: usize) -> Bytes {
+        super::hostile::grpc_message(&self.request(index % self.values))
     }
 
     /// The request for one value.

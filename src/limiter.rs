@@ -24,7 +24,7 @@ use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
 use crate::storage::rule::rejects;
-use crate::storage::{CounterReset, CounterStore, Hit, Role, Store, StoreError};
+use crate::storage::{CounterReset, CounterStore, Hit, PerHit, Role, Store, StoreError};
 
 /// A decision code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,6 +162,10 @@ impl RateLimiter {
     }
 
     pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, Undecided> {
+        if !crate::telemetry::traced() {
+            // A span that is off still costs a wrapper and a move of the whole future.
+            return self.count(request).await;
+        }
         let span = crate::request_span!("decide", descriptors = request.descriptors.len());
         self.count(request).instrument(span).await
     }
@@ -184,14 +188,21 @@ impl RateLimiter {
                 self.resolve(request, index, descriptor, found, &replaced, &mut hits)
             })
             .collect();
-        let outcomes = if hits.is_empty() {
-            Vec::new()
+        let outcomes: PerHit<Outcome> = if hits.is_empty() {
+            PerHit::new()
         } else {
-            let applied = self
-                .store
-                .apply(&hits)
-                .instrument(crate::request_span!("store", counters = hits.len()))
-                .await;
+            let applied = if crate::telemetry::traced() {
+                self.store
+                    .apply(&hits)
+                    .instrument(crate::request_span!("store", counters = hits.len()))
+                    .await
+                    .map(PerHit::from_vec)
+            } else {
+                match self.store.apply_at_once(&hits) {
+                    Some(applied) => applied,
+                    None => self.store.apply(&hits).await.map(PerHit::from_vec),
+                }
+            };
             let outcomes = applied.inspect_err(|error| {
                 self.metrics
                     .store

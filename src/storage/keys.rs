@@ -18,6 +18,9 @@ use sha2::{Digest, Sha256};
 use crate::algorithm::Params;
 use crate::clock::MICROS_PER_SECOND;
 
+/// `tollgate:v1:{TAG}:`: the same length in every key.
+const PREFIX_WITH_TAG: usize = "tollgate:v1:{".len() + 16 + "}:".len();
+
 /// Identities longer than this are stored by digest, keeping keys short for Redis.
 pub const MAX_INLINE_IDENTITY: usize = 512;
 
@@ -28,6 +31,13 @@ pub struct CounterKey(String);
 impl CounterKey {
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key past its prefix and tag (algorithm, window and identity), which names the
+    /// counter alone: the tag is a hash of the identity. What a store that hashes keys itself
+    /// needs to hash.
+    pub fn naming_part(&self) -> &str {
+        self.0.get(PREFIX_WITH_TAG..).unwrap_or(&self.0)
     }
 }
 

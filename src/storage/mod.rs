@@ -25,6 +25,9 @@ use std::time::Duration;
 use crate::algorithm::{Outcome, Params};
 use keys::CounterKey;
 
+/// One item per hit, held inline for the common request of one hit.
+pub type PerHit<T> = smallvec::SmallVec<[T; 1]>;
+
 /// How a hit's denial affects the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -129,6 +132,12 @@ impl StoreError {
 pub trait CounterStore: Send + Sync + 'static {
     /// Decides every hit of one request; outcomes are in the order of `hits`.
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError>;
+
+    /// The same decision made without waiting, by a store that never waits (in process):
+    /// `None` from a store that may. Spares the boxed future `apply` costs per call.
+    fn apply_at_once(&self, _hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
+        None
+    }
 
     /// Answers when the store can serve; drives readiness.
     async fn ping(&self) -> Result<(), StoreError>;

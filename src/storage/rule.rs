@@ -21,12 +21,9 @@
 
 use smallvec::SmallVec;
 
-use super::{Hit, Role};
+use super::{Hit, PerHit, Role};
 use crate::algorithm::{self, Charge, Outcome, State};
 use crate::clock::Micros;
-
-/// One item per hit, held inline for the common request of one hit.
-pub type PerHit<T> = SmallVec<[T; 1]>;
 
 /// What a request's hits come to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +66,9 @@ pub fn decide(
     charge: Charge,
     complete: bool,
 ) -> Decided {
+    if let [hit] = hits {
+        return decide_one(hit, found, now, charge, complete);
+    }
     // Per hit: the state it leaves its counter in, its outcome, and when what it wrote may be
     // forgotten (`None`: it wrote nothing).
     let mut left: PerHit<Option<State>> = SmallVec::with_capacity(hits.len());
@@ -94,6 +94,29 @@ pub fn decide(
         outcomes,
         committed: true,
         writes: last_writes(hits, left, &wrote),
+    }
+}
+
+/// `decide` for the common request of one hit: no counter can be named twice, so what its
+/// hit leaves is what is written.
+fn decide_one(
+    hit: &Hit,
+    found: &[Option<&State>],
+    now: Micros,
+    charge: Charge,
+    complete: bool,
+) -> Decided {
+    let hits = std::slice::from_ref(hit);
+    let transition = transition(hit, found[0], now, charge);
+    let outcomes: PerHit<Outcome> = smallvec::smallvec![transition.outcome];
+    if charge == Charge::IfAllowed && vetoes(hits, |_| transition.outcome.allowed, complete) {
+        return vetoed_with_refunds(hits, found, now, outcomes);
+    }
+    let expires_at = transition.expires_at;
+    Decided {
+        outcomes,
+        committed: true,
+        writes: smallvec::smallvec![transition.state.map(|state| (state, expires_at))],
     }
 }
 

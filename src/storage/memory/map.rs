@@ -153,6 +153,22 @@ impl Shard {
         }
     }
 
+    /// Marks a counter used and says where it is held (expired or not), for the one-counter
+    /// path that looks it up once: `found_at` reads it, `CounterMap::replace_at` writes it.
+    pub fn use_index(&mut self, digest: Digest) -> Option<usize> {
+        let (index, _, slot) = self.counters.get_full_mut(&digest)?;
+        slot.mark_used();
+        Some(index)
+    }
+
+    /// The state held at `index` (from `use_index`), unless it has expired by `now`.
+    pub fn found_at(&self, index: usize, now: Micros) -> Option<&State> {
+        self.counters
+            .get_index(index)
+            .filter(|(_, slot)| slot.expires_at() > now)
+            .map(|(_, slot)| &slot.state)
+    }
+
     /// Whether the shard holds a counter for `digest` (expired or not): storing it then needs
     /// no room.
     pub fn holds(&self, digest: Digest) -> bool {
@@ -224,7 +240,7 @@ impl CounterMap {
     /// hash states coincide or both halves collide by chance, about 2^-128 either way.
     pub fn digest(&self, key: &CounterKey) -> Digest {
         let mut hasher = self.digest_keys.build_hasher();
-        key.hash(&mut hasher);
+        key.naming_part().hash(&mut hasher);
         let first = hasher.finish();
         hasher.write_u8(1);
         Digest(first, hasher.finish())
@@ -332,6 +348,19 @@ impl CounterMap {
         // counter waits a full turn before the hand looks at it.
         if let Some(hole) = hole.filter(|&hole| hole < added) {
             shard.counters.swap_indices(hole, added);
+        }
+    }
+
+    /// `store` for a counter held at `index` (from `use_index`, the shard unchanged since).
+    pub fn replace_at(&self, shard: &mut Shard, index: usize, state: State, expires_at: Micros) {
+        let mut slot = Slot {
+            state,
+            stamp: expires_at & !USED,
+        };
+        shard.earliest = shard.earliest.min(slot.expires_at());
+        slot.mark_used();
+        if let Some((_, held)) = shard.counters.get_index_mut(index) {
+            *held = slot;
         }
     }
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 pub use map::WhenFull;
 use map::{CounterMap, Digest, Shard};
 
-use super::{CounterReset, CounterStore, Hit, StoreError, rule};
+use super::{CounterReset, CounterStore, Hit, PerHit, StoreError, rule};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
@@ -100,9 +100,11 @@ impl MemoryStore {
         &self,
         hits: &[Hit],
         now: impl FnOnce() -> Micros,
-    ) -> Result<Vec<Outcome>, StoreError> {
+    ) -> Result<PerHit<Outcome>, StoreError> {
         if let [hit] = hits {
-            return self.apply_one(hit, now).map(|outcome| vec![outcome]);
+            return self
+                .apply_one(hit, now)
+                .map(|outcome| smallvec::smallvec![outcome]);
         }
         let digests: Vec<Digest> = hits.iter().map(|hit| self.map.digest(&hit.key)).collect();
         let shard_of_hit: Vec<usize> = digests.iter().map(|&d| CounterMap::shard_of(d)).collect();
@@ -150,23 +152,27 @@ impl MemoryStore {
                     .store(&mut guards[guard_of(shard)], *digest, state, expires_at);
             }
         }
-        Ok(decided.outcomes.into_vec())
+        Ok(decided.outcomes)
     }
 
-    /// `apply_with` for the common request of one counter: one lock, one map lookup.
+    /// `apply_with` for the common request of one counter: one lock, one map lookup (two for a
+    /// new counter).
     fn apply_one(&self, hit: &Hit, now: impl FnOnce() -> Micros) -> Result<Outcome, StoreError> {
         let digest = self.map.digest(&hit.key);
         let mut shard = self.map.lock(CounterMap::shard_of(digest));
         let now = shard.at(now());
-        shard.touch(digest);
-        let found = shard.found(digest, now);
+        let held = shard.use_index(digest);
+        let found = held.and_then(|index| shard.found_at(index, now));
         let decided = rule::decide(std::slice::from_ref(hit), &[found], now, self.charge, true);
         let outcome = decided.outcomes[0];
         if let Some(Some((state, expires_at))) = decided.writes.into_iter().next() {
-            if !shard.holds(digest) && !self.map.has_room(&mut shard, now, 1) {
-                return Err(self.map.full());
+            match held {
+                Some(index) => self.map.replace_at(&mut shard, index, state, expires_at),
+                None if self.map.has_room(&mut shard, now, 1) => {
+                    self.map.store(&mut shard, digest, state, expires_at)
+                }
+                None => return Err(self.map.full()),
             }
-            self.map.store(&mut shard, digest, state, expires_at);
         }
         Ok(outcome)
     }
@@ -176,6 +182,11 @@ impl MemoryStore {
 impl CounterStore for MemoryStore {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         self.apply_with(hits, || self.clock.now())
+            .map(PerHit::into_vec)
+    }
+
+    fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
+        Some(self.apply_with(hits, || self.clock.now()))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -230,7 +241,7 @@ mod tests {
     impl MemoryStore {
         /// Decides `hits` at `now`, each hit its own descriptor of one request.
         fn apply_now(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
-            self.apply_with(&numbered(hits), || now).unwrap()
+            self.apply_with(&numbered(hits), || now).unwrap().into_vec()
         }
     }
 

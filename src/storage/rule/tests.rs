@@ -139,3 +139,32 @@ fn a_denial_vetoes_a_lone_hit_as_the_rule_says_for_one_descriptor() {
         assert_eq!(!part.committed, role == Role::Enforced, "{role:?}");
     }
 }
+
+#[test]
+fn a_lone_hit_is_decided_as_beside_a_hit_that_cannot_change_its_outcome() {
+    // A lone hit takes its own path (`decide_one`); beside an admitted shadow hit on another
+    // counter it takes the general one. Both must give it the same outcome and write.
+    let bystander = hit(1, "other", 5, 1, Role::Shadow);
+    for role in [Role::Enforced, Role::Quota, Role::Shadow, Role::Refund] {
+        for held in [None, Some(holding(0)), Some(holding(2)), Some(holding(3))] {
+            for charge in [Charge::IfAllowed, Charge::Always] {
+                for complete in [true, false] {
+                    let lone = hit(0, "a", 3, 2, role);
+                    let alone = decide(
+                        std::slice::from_ref(&lone),
+                        &[held.as_ref()],
+                        NOW,
+                        charge,
+                        complete,
+                    );
+                    let pair = [lone, bystander.clone()];
+                    let beside = decide(&pair, &[held.as_ref(), None], NOW, charge, complete);
+                    let case = format!("{role:?} {held:?} {charge:?} complete={complete}");
+                    assert_eq!(alone.outcomes[0], beside.outcomes[0], "{case}");
+                    assert_eq!(alone.committed, beside.committed, "{case}");
+                    assert_eq!(alone.writes[0], beside.writes[0], "{case}");
+                }
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@
 //! one call, then build statuses in request order and the overall code (quota and shadow
 //! modes as the reference computes them).
 
+mod answer;
 mod stats;
 
 use std::sync::Arc;
@@ -23,8 +24,9 @@ use crate::metrics::{self, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
-use crate::storage::rule::rejects;
-use crate::storage::{CounterReset, CounterStore, Hit, PerHit, Role, Store, StoreError};
+use crate::storage::{
+    CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, Role, Store, StoreError,
+};
 
 /// A decision code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +78,7 @@ pub struct Modes {
 pub struct RateLimiter {
     rules: Arc<ArcSwap<RuleSet>>,
     store: Arc<dyn CounterStore>,
+    at_once: Option<Arc<dyn DecideAtOnce>>,
     reset: Arc<dyn CounterReset>,
     modes: Modes,
     metrics: Arc<Metrics>,
@@ -132,6 +135,7 @@ impl RateLimiter {
         Self {
             rules,
             store: Arc::clone(&store.counters),
+            at_once: store.at_once.clone(),
             reset: Arc::clone(&store.reset),
             modes,
             metrics: Arc::new(Metrics::default()),
@@ -152,11 +156,7 @@ impl RateLimiter {
     pub async fn reset(&self, request: &Request) -> Result<usize, StoreError> {
         let rules = self.rules.load_full();
         let matches = match_descriptors(&rules, request);
-        let replaced = replaced_names(&matches);
-        let mut hits = PerDescriptor::new();
-        for (index, (descriptor, found)) in request.descriptors.iter().zip(&matches).enumerate() {
-            self.resolve(request, index, descriptor, found, &replaced, &mut hits);
-        }
+        let (_, hits) = self.resolve_all(request, &matches);
         self.reset.forget(&hits).await?;
         Ok(hits.len())
     }
@@ -170,69 +170,100 @@ impl RateLimiter {
         self.count(request).instrument(span).await
     }
 
+    /// `should_rate_limit` made at once, without a future, on a store that never waits;
+    /// `None` when the store may wait, or when traces are exported (the spans need the
+    /// future).
+    pub fn decide_at_once(&self, request: &Request) -> Option<Result<Decision, Undecided>> {
+        let at_once = self.at_once.as_deref()?;
+        if crate::telemetry::traced() {
+            return None;
+        }
+        Some(self.count_at_once(at_once, request))
+    }
+
     /// Resolves every descriptor, counts their hits in one store call, and answers.
     async fn count(&self, request: &Request) -> Result<Decision, Undecided> {
+        let rules = self.loaded_rules()?;
+        let matches = match_descriptors(&rules, request);
+        let (resolved, hits) = self.resolve_all(request, &matches);
+        let outcomes = if hits.is_empty() {
+            PerHit::new()
+        } else if crate::telemetry::traced() {
+            let span = crate::request_span!("store", counters = hits.len());
+            let applied = self.store.apply(&hits).instrument(span).await;
+            self.checked(applied.map(PerHit::from_vec), hits.len())?
+        } else {
+            let applied = self.store.apply(&hits).await;
+            self.checked(applied.map(PerHit::from_vec), hits.len())?
+        };
+        Ok(self.conclude(request, &matches, resolved, &outcomes))
+    }
+
+    /// `count` on a store that decides at once.
+    fn count_at_once(
+        &self,
+        at_once: &dyn DecideAtOnce,
+        request: &Request,
+    ) -> Result<Decision, Undecided> {
+        let rules = self.loaded_rules()?;
+        let matches = match_descriptors(&rules, request);
+        let (resolved, hits) = self.resolve_all(request, &matches);
+        let outcomes = if hits.is_empty() {
+            PerHit::new()
+        } else {
+            self.checked(at_once.apply_at_once(&hits), hits.len())?
+        };
+        Ok(self.conclude(request, &matches, resolved, &outcomes))
+    }
+
+    fn loaded_rules(&self) -> Result<Arc<RuleSet>, Undecided> {
         let rules = self.rules.load_full();
         if !rules.is_loaded() {
             return Err(Undecided::NoConfig);
         }
-        let matches = match_descriptors(&rules, request);
-        let replaced = replaced_names(&matches);
+        Ok(rules)
+    }
+
+    /// Every descriptor resolved, and the hits they count.
+    fn resolve_all<'f, 'r: 'f>(
+        &self,
+        request: &Request,
+        matches: &'f [Found<'r>],
+    ) -> (PerDescriptor<Resolved<'f>>, PerDescriptor<Hit>) {
+        let replaced = replaced_names(matches);
         let mut hits = PerDescriptor::new();
-        let resolved: PerDescriptor<Resolved<'_>> = request
+        let resolved = request
             .descriptors
             .iter()
-            .zip(&matches)
+            .zip(matches)
             .enumerate()
             .map(|(index, (descriptor, found))| {
                 self.resolve(request, index, descriptor, found, &replaced, &mut hits)
             })
             .collect();
-        let outcomes: PerHit<Outcome> = if hits.is_empty() {
-            PerHit::new()
-        } else {
-            let applied = if crate::telemetry::traced() {
-                self.store
-                    .apply(&hits)
-                    .instrument(crate::request_span!("store", counters = hits.len()))
-                    .await
-                    .map(PerHit::from_vec)
-            } else {
-                match self.store.apply_at_once(&hits) {
-                    Some(applied) => applied,
-                    None => self.store.apply(&hits).await.map(PerHit::from_vec),
-                }
-            };
-            let outcomes = applied.inspect_err(|error| {
-                self.metrics
-                    .store
-                    .errors
-                    .get_or_create(&metrics::label("kind", error.kind()))
-                    .inc();
-            })?;
-            if outcomes.len() != hits.len() {
-                return Err(Undecided::Store(StoreError::MalformedReply(format!(
-                    "{} outcomes for {} counters",
-                    outcomes.len(),
-                    hits.len()
-                ))));
-            }
-            outcomes
-        };
-        // The store vetoes by the same rule, so the answer matches what was consumed.
-        let over = rejects(resolved.iter().filter_map(|r| r.verdict(&outcomes)));
-        let overall = if over { Code::OverLimit } else { Code::Ok };
-        self.record(request, &matches, &resolved, &outcomes);
-        let metadata = rule_metadata(&matches, &resolved);
-        let statuses: Vec<DescriptorStatus> = resolved
-            .into_iter()
-            .map(|resolved| status(resolved, &outcomes))
-            .collect();
-        Ok(Decision {
-            overall,
-            statuses,
-            metadata,
-        })
+        (resolved, hits)
+    }
+
+    /// A store's outcomes, its failures counted, and one outcome per hit checked.
+    fn checked(
+        &self,
+        applied: Result<PerHit<Outcome>, StoreError>,
+        hits: usize,
+    ) -> Result<PerHit<Outcome>, Undecided> {
+        let outcomes = applied.inspect_err(|error| {
+            self.metrics
+                .store
+                .errors
+                .get_or_create(&metrics::label("kind", error.kind()))
+                .inc();
+        })?;
+        if outcomes.len() != hits {
+            return Err(Undecided::Store(StoreError::MalformedReply(format!(
+                "{} outcomes for {hits} counters",
+                outcomes.len(),
+            ))));
+        }
+        Ok(outcomes)
     }
 
     fn resolve<'f, 'r: 'f>(
@@ -316,28 +347,6 @@ fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> PerDescriptor
         .collect()
 }
 
-/// Per descriptor, the metadata of the rule it matched; empty (no allocation) when none has
-/// any. A replaced rule's metadata does not count (its descriptor reports no limit).
-fn rule_metadata(
-    matches: &[Found<'_>],
-    resolved: &[Resolved<'_>],
-) -> Vec<Option<Arc<serde_json::Value>>> {
-    fn of<'a>(
-        (found, resolved): (&'a Found<'_>, &Resolved<'_>),
-    ) -> Option<&'a Arc<serde_json::Value>> {
-        match (found, resolved) {
-            (_, Resolved::NoLimit) => None,
-            (Found::Rule(found), _) => found.rule.metadata.as_ref(),
-            _ => None,
-        }
-    }
-    let pairs = || matches.iter().zip(resolved);
-    if pairs().all(|pair| of(pair).is_none()) {
-        return Vec::new();
-    }
-    pairs().map(|pair| of(pair).cloned()).collect()
-}
-
 /// Every name listed in `replaces` by a matched rule.
 fn replaced_names<'r>(matches: &[Found<'r>]) -> Vec<&'r str> {
     matches
@@ -348,63 +357,6 @@ fn replaced_names<'r>(matches: &[Found<'r>]) -> Vec<&'r str> {
         })
         .flatten()
         .collect()
-}
-
-fn status(resolved: Resolved<'_>, outcomes: &[Outcome]) -> DescriptorStatus {
-    match resolved {
-        Resolved::NoLimit => DescriptorStatus::NoLimit,
-        Resolved::Unlimited => DescriptorStatus::Unlimited,
-        Resolved::Limited {
-            limits,
-            rule,
-            first_hit,
-            ..
-        } => {
-            let own = &outcomes[first_hit..first_hit + limits.len()];
-            let (index, outcome) = reported(own);
-            // A shadow rule reports its remaining count but never says OVER_LIMIT.
-            let shadow = rule.is_some_and(|rule| rule.shadow_mode);
-            let code = if outcome.allowed || shadow {
-                Code::Ok
-            } else {
-                Code::OverLimit
-            };
-            DescriptorStatus::Limited {
-                code,
-                limit: limits[index].clone(),
-                // A denied limit's `remaining` is the room it found; the wire says 0.
-                remaining: if outcome.allowed {
-                    outcome.remaining
-                } else {
-                    0
-                },
-                until_reset: if outcome.allowed {
-                    outcome.reset_after
-                } else {
-                    outcome.retry_after
-                },
-            }
-        }
-    }
-}
-
-/// Which of a descriptor's limits its status reports: the denying one that frees up last (the
-/// one the client must wait for), else the one with the least remaining.
-fn reported(outcomes: &[Outcome]) -> (usize, Outcome) {
-    let denied = outcomes
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| !o.allowed)
-        .max_by_key(|(index, o)| (o.retry_after, std::cmp::Reverse(*index)));
-    let chosen = denied.or_else(|| {
-        outcomes
-            .iter()
-            .enumerate()
-            .min_by_key(|(index, o)| (o.remaining, *index))
-    });
-    chosen.map_or((0, Outcome::default()), |(index, outcome)| {
-        (index, *outcome)
-    })
 }
 
 /// The counter identity of a descriptor: its entries, with a shared bucket's pattern in place

@@ -2,7 +2,8 @@
 //! path (with the client's values where the rule asks for them), the limit it reported and
 //! whether it was allowed.
 
-use super::{Found, RateLimiter, Resolved, reported};
+use super::answer::reported;
+use super::{Found, RateLimiter, Resolved};
 use crate::algorithm::Outcome;
 use crate::descriptor::{Descriptor, Request};
 use crate::metrics::LimitHit;

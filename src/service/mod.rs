@@ -68,12 +68,19 @@ impl RlsService {
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = options.dynamic_metadata.then(|| request.clone());
         let request = descriptor::Request::from_pb(request, &options.input_limits)?;
-        let decision = self.limiter.should_rate_limit(&request);
-        let decided = match deadline {
-            Some(deadline) => tokio::time::timeout(deadline, decision)
-                .await
-                .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline)))),
-            None => decision.await,
+        let decided = match self.limiter.decide_at_once(&request) {
+            Some(decided) => decided,
+            None => {
+                // Boxed: held inline, the store call's future would make every request's
+                // future as large, and it is moved several times on the way in.
+                let decision = Box::pin(self.limiter.should_rate_limit(&request));
+                match deadline {
+                    Some(deadline) => tokio::time::timeout(deadline, decision)
+                        .await
+                        .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline)))),
+                    None => decision.await,
+                }
+            }
         };
         match decided {
             Ok(decision) => {

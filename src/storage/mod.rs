@@ -133,17 +133,18 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Decides every hit of one request; outcomes are in the order of `hits`.
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError>;
 
-    /// The same decision made without waiting, by a store that never waits (in process):
-    /// `None` from a store that may. Spares the boxed future `apply` costs per call.
-    fn apply_at_once(&self, _hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
-        None
-    }
-
     /// Answers when the store can serve; drives readiness.
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
 /// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
+/// A store that never waits (in process) decides a request synchronously too: the limiter
+/// then makes the whole decision without a future (`RateLimiter::decide_at_once`).
+pub trait DecideAtOnce: Send + Sync + 'static {
+    /// What `CounterStore::apply` decides, made now.
+    fn apply_at_once(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, StoreError>;
+}
+
 #[tonic::async_trait]
 pub trait CounterReset: Send + Sync + 'static {
     /// Forgets these counters: they start afresh.
@@ -169,16 +170,27 @@ pub struct Store {
     /// `None`: nothing is shared between replicas (the memory store), so a replica's own
     /// RLQS streams are the only ones.
     pub demand: Option<Arc<dyn DemandShare>>,
+    /// `Some` for a store that never waits: the same counters as `counters`, decided
+    /// synchronously.
+    pub at_once: Option<Arc<dyn DecideAtOnce>>,
 }
 
 impl Store {
-    /// A store of this process alone, such as the memory store: it decides and resets, and
-    /// shares no demand.
+    /// A store of this process alone: it decides and resets, and shares no demand.
     pub fn local<S: CounterStore + CounterReset>(store: Arc<S>) -> Self {
         Self {
             counters: Arc::clone(&store) as Arc<dyn CounterStore>,
             reset: store,
             demand: None,
+            at_once: None,
+        }
+    }
+
+    /// `local`, for a store that also decides at once (the memory store).
+    pub fn in_process<S: CounterStore + CounterReset + DecideAtOnce>(store: Arc<S>) -> Self {
+        Self {
+            at_once: Some(Arc::clone(&store) as Arc<dyn DecideAtOnce>),
+            ..Self::local(store)
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::metrics::Metrics;
 pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) -> Store {
     let clock = local_clock(options);
     match spec {
-        StoreSpec::Memory => Store::local(
+        StoreSpec::Memory => Store::in_process(
             memory::MemoryStore::new(options.memory_max_keys, options.charge, clock)
                 .with_when_full(options.memory_when_full)
                 .with_metrics(metrics)
@@ -74,6 +74,7 @@ where
             store: Arc::clone(&store) as Arc<dyn CounterReset>,
         }),
         demand: Some(store),
+        at_once: None,
     }
 }
 

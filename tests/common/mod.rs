@@ -164,7 +164,7 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Store, Backing) {
     let metrics = &setup.options.metrics;
     match setup.store {
         StoreKind::Memory => (
-            Store::local(
+            Store::in_process(
                 MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone()))
                     .with_metrics(metrics)
                     .start(),

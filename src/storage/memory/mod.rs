@@ -14,7 +14,7 @@ use std::time::Duration;
 pub use map::WhenFull;
 use map::{CounterMap, Digest, Shard};
 
-use super::{CounterReset, CounterStore, Hit, PerHit, StoreError, rule};
+use super::{CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, StoreError, rule};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
@@ -185,12 +185,14 @@ impl CounterStore for MemoryStore {
             .map(PerHit::into_vec)
     }
 
-    fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
-        Some(self.apply_with(hits, || self.clock.now()))
-    }
-
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+impl DecideAtOnce for MemoryStore {
+    fn apply_at_once(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, StoreError> {
+        self.apply_with(hits, || self.clock.now())
     }
 }
 

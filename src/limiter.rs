@@ -188,12 +188,13 @@ impl RateLimiter {
         let (resolved, hits) = self.resolve_all(request, &matches);
         let outcomes = if hits.is_empty() {
             PerHit::new()
-        } else if crate::telemetry::traced() {
-            let span = crate::request_span!("store", counters = hits.len());
-            let applied = self.store.apply(&hits).instrument(span).await;
-            self.checked(applied.map(PerHit::from_vec), hits.len())?
         } else {
-            let applied = self.store.apply(&hits).await;
+            let applied = if crate::telemetry::traced() {
+                let span = crate::request_span!("store", counters = hits.len());
+                self.store.apply(&hits).instrument(span).await
+            } else {
+                self.store.apply(&hits).await
+            };
             self.checked(applied.map(PerHit::from_vec), hits.len())?
         };
         Ok(self.conclude(request, &matches, resolved, &outcomes))

@@ -331,16 +331,14 @@ impl CounterMap {
     /// full (`has_room` said whether it may). A counter held already stays marked used; a new
     /// one is not, yet (see below).
     pub fn store(&self, shard: &mut Shard, digest: Digest, state: State, expires_at: Micros) {
-        let mut slot = Slot {
+        if let Some(index) = shard.counters.get_index_of(&digest) {
+            return self.replace_at(shard, index, state, expires_at);
+        }
+        let slot = Slot {
             state,
             stamp: expires_at & !USED,
         };
         shard.earliest = shard.earliest.min(slot.expires_at());
-        if let Some(held) = shard.counters.get_mut(&digest) {
-            slot.mark_used();
-            *held = slot;
-            return;
-        }
         let hole = self.evict_one(shard);
         let (added, _) = shard.counters.insert_full(digest, slot);
         self.keys_metric.inc();

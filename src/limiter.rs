@@ -186,17 +186,7 @@ impl RateLimiter {
         let rules = self.loaded_rules()?;
         let matches = match_descriptors(&rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
-        let outcomes = if hits.is_empty() {
-            PerHit::new()
-        } else {
-            let applied = if crate::telemetry::traced() {
-                let span = crate::request_span!("store", counters = hits.len());
-                self.store.apply(&hits).instrument(span).await
-            } else {
-                self.store.apply(&hits).await
-            };
-            self.checked(applied.map(PerHit::from_vec), hits.len())?
-        };
+        let outcomes = self.outcomes(&hits).await?;
         Ok(self.conclude(request, &matches, resolved, &outcomes))
     }
 
@@ -209,12 +199,34 @@ impl RateLimiter {
         let rules = self.loaded_rules()?;
         let matches = match_descriptors(&rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
-        let outcomes = if hits.is_empty() {
-            PerHit::new()
-        } else {
-            self.checked(at_once.apply_at_once(&hits), hits.len())?
-        };
+        let outcomes = self.outcomes_at_once(at_once, &hits)?;
         Ok(self.conclude(request, &matches, resolved, &outcomes))
+    }
+
+    /// The store's outcomes for `hits` (none for none, without a call).
+    async fn outcomes(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, Undecided> {
+        if hits.is_empty() {
+            return Ok(PerHit::new());
+        }
+        let applied = if crate::telemetry::traced() {
+            let span = crate::request_span!("store", counters = hits.len());
+            self.store.apply(hits).instrument(span).await
+        } else {
+            self.store.apply(hits).await
+        };
+        self.checked(applied.map(PerHit::from_vec), hits.len())
+    }
+
+    /// `outcomes` from a store that decides at once.
+    fn outcomes_at_once(
+        &self,
+        at_once: &dyn DecideAtOnce,
+        hits: &[Hit],
+    ) -> Result<PerHit<Outcome>, Undecided> {
+        if hits.is_empty() {
+            return Ok(PerHit::new());
+        }
+        self.checked(at_once.apply_at_once(hits), hits.len())
     }
 
     fn loaded_rules(&self) -> Result<Arc<RuleSet>, Undecided> {

@@ -127,6 +127,7 @@ fn hit(user: usize) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        lease: tollgate::limit::Lease::AsConfigured,
     }
 }
 

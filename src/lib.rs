@@ -69,13 +69,16 @@
 //!   `storage/redis/call/` the protocol (`storage/redis/call/dispatch.rs` which layout a call
 //!   takes), one file per layout (`storage/redis/call/count_one.rs`,
 //!   `storage/redis/call/count.rs`, `storage/redis/call/decide_one.rs`,
-//!   `storage/redis/call/apply.rs`, `storage/redis/call/give_back.rs`) and
+//!   `storage/redis/call/apply.rs`, `storage/redis/call/give_back.rs`,
+//!   `storage/redis/call/lease.rs`, `storage/redis/call/lease_return.rs`) and
 //!   `storage/redis/call/numbers.rs` the numbers they send; `storage/redis/transport.rs` how a
 //!   call travels, to `storage/redis/library.rs` and its `lua/`; `storage/redis/clock.rs`
 //!   Redis's clock as a replica tracks it; `storage/redis/per_second.rs` the per-second
-//!   Redis; `storage/redis/demand.rs` RLQS demand shared by replicas), `storage/guard.rs`
+//!   Redis; `storage/redis/demand.rs` RLQS demand shared by replicas;
+//!   `storage/redis/leases.rs` a busy counter's budget leased), `storage/guard.rs`
 //!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
-//!   denials), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
+//!   denials), `storage/lease.rs` (busy counters answered from leased slices,
+//!   `storage/lease/slice.rs` a slice and a counter's demand), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
 //!   `storage/stack.rs` (the store as served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`,
 //!   `algorithm/given_back.rs` (give_back and refund), then one file per
@@ -85,7 +88,7 @@
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
 //!   value; `pb`: generated protobuf code; `metrics`: every metric, one small struct per part
 //!   (`metrics/limits.rs` the per-limit counters on `metrics/counters.rs`, `metrics/service.rs`,
-//!   `metrics/store.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS,
+//!   `metrics/store.rs`, `metrics/lease.rs`, `metrics/config.rs`, `metrics/health.rs`, `metrics/quota.rs` RLQS,
 //!   `metrics/connections.rs` the listeners;
 //!   `metrics/reference.rs` the reference's stat names and Prometheus series read off them);
 //!   `process`: the `process_*` metrics; `inbound` (`inbound/accept.rs` accepting within a

@@ -78,6 +78,25 @@ pub struct Limit {
     /// Reported on the wire as `current_limit.name`, and the target of `replaces`.
     pub name: Option<String>,
     pub algorithm: Algorithm,
+    /// Whether its counter's budget may be leased by a replica that sees it busy (`lease`).
+    pub lease: Lease,
+}
+
+/// A rule's `lease`: whether a replica that sees its counter busy may lease part of its
+/// budget and decide from it without a store call per hit (storage/lease.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lease {
+    /// As `--lease` says.
+    #[default]
+    AsConfigured,
+    /// Leased while busy (`lease: auto`).
+    Auto,
+    /// Never leased (`lease: off`).
+    Off,
+}
+
+impl Lease {
+    pub const NAMES: [(&'static str, Lease); 2] = [("auto", Lease::Auto), ("off", Lease::Off)];
 }
 
 impl Limit {
@@ -88,6 +107,7 @@ impl Limit {
             unit_multiplier: 1,
             name: None,
             algorithm: Algorithm::default(),
+            lease: Lease::AsConfigured,
         }
     }
 

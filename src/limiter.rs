@@ -80,6 +80,8 @@ pub struct RateLimiter {
     store: Arc<dyn CounterStore>,
     at_once: Option<Arc<dyn DecideAtOnce>>,
     reset: Arc<dyn CounterReset>,
+    /// See `leasing`.
+    leasing: Option<bool>,
     modes: Modes,
     metrics: Arc<Metrics>,
 }
@@ -137,6 +139,7 @@ impl RateLimiter {
             store: Arc::clone(&store.counters),
             at_once: store.at_once.clone(),
             reset: Arc::clone(&store.reset),
+            leasing: store.leases.as_ref().map(|leases| leases.by_default()),
             modes,
             metrics: Arc::new(Metrics::default()),
         }
@@ -144,6 +147,12 @@ impl RateLimiter {
 
     pub fn with_metrics(self, metrics: Arc<Metrics>) -> Self {
         Self { metrics, ..self }
+    }
+
+    /// Whether the store leases busy counters, and if so whether by default (`--lease auto`):
+    /// `None` for a store that does not (memory, `--count-denied`).
+    pub fn leasing(&self) -> Option<bool> {
+        self.leasing
     }
 
     /// The rules currently in force.
@@ -322,6 +331,7 @@ impl RateLimiter {
                 params: limit.params(),
                 hits: descriptor.hits,
                 role,
+                lease: limit.lease,
             });
         }
         Resolved::Limited {

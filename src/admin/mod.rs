@@ -27,6 +27,7 @@ use crate::reload::ReloadStatus;
 use crate::rlqs::registry::Registry;
 use crate::rules::{Level, Policy, RuleSet};
 use crate::service::{self, RlsService};
+use crate::storage::lease::leased_when_busy;
 
 #[derive(Clone)]
 struct Admin {
@@ -189,7 +190,7 @@ async fn reset_counters(State(admin): State<Admin>, body: Bytes) -> Response {
 /// The rules in force, then, if the latest reload failed, its errors (the rules shown are
 /// the last good ones).
 async fn config(State(admin): State<Admin>) -> String {
-    let mut out = describe(&admin.limiter.rules());
+    let mut out = describe(&admin.limiter.rules(), admin.limiter.leasing());
     if let Some(source) = admin.reload.source() {
         let _ = write!(out, "\nsource: {source}\n");
     }
@@ -207,18 +208,19 @@ async fn config(State(admin): State<Admin>) -> String {
 }
 
 /// One line per rule with a limit, in the reference's `/rlconfig` form:
-/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <b>, quota_mode: <b>`.
-pub fn describe(rules: &RuleSet) -> String {
+/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <b>, quota_mode: <b>`; a limit
+/// leased while busy says `lease=auto` (`leasing`: see `RateLimiter::leasing`).
+pub fn describe(rules: &RuleSet, leasing: Option<bool>) -> String {
     let mut out = String::new();
     for domain in rules.domains() {
-        describe_level(&domain.root, &mut out);
+        describe_level(&domain.root, leasing, &mut out);
     }
     out
 }
 
 /// `unit=MINUTE requests_per_unit=5`, then tollgate's extensions where they differ from the
 /// reference's defaults.
-fn describe_limit(limit: &Limit) -> String {
+fn describe_limit(limit: &Limit, leasing: Option<bool>) -> String {
     let mut out = format!(
         "unit={} requests_per_unit={}",
         limit.unit.as_str().to_uppercase(),
@@ -231,16 +233,20 @@ fn describe_limit(limit: &Limit) -> String {
     if limit.algorithm != Algorithm::default() {
         let _ = write!(out, " algorithm={}", limit.algorithm);
     }
+    if leasing.is_some_and(|by_default| leased_when_busy(limit.lease, &limit.params(), by_default))
+    {
+        out.push_str(" lease=auto");
+    }
     out
 }
 
-fn describe_level(level: &Level, out: &mut String) {
+fn describe_level(level: &Level, leasing: Option<bool>, out: &mut String) {
     for node in level.nodes() {
         if let Some(rule) = &node.rule {
             let limit = match &rule.policy {
                 Policy::Limited(limits) => limits
                     .iter()
-                    .map(describe_limit)
+                    .map(|limit| describe_limit(limit, leasing))
                     .collect::<Vec<_>>()
                     .join(" + "),
                 Policy::Unlimited { .. } => "unlimited".to_owned(),
@@ -251,6 +257,6 @@ fn describe_level(level: &Level, out: &mut String) {
                 rule.path, rule.shadow_mode, rule.quota_mode
             );
         }
-        describe_level(&node.children, out);
+        describe_level(&node.children, leasing, out);
     }
 }

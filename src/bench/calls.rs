@@ -211,6 +211,7 @@ fn hits_of(params: &Params, user: u64, count: usize) -> Vec<Hit> {
             params: *params,
             hits: 1,
             role: Role::Enforced,
+            lease: crate::limit::Lease::AsConfigured,
         })
         .collect()
 }

@@ -5,10 +5,12 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::{CheckArgs, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
+use crate::algorithm::Charge;
 use crate::bench::BenchArgs;
 use crate::bench::rlqs::QuotaBenchArgs;
 use crate::reload::RulesOptions;
 use crate::rules::RuleSet;
+use crate::storage::options::LeaseMode;
 use crate::storage::stack::build_store;
 use crate::{bench, config, pb, query, server, shutdown};
 
@@ -50,6 +52,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     args.listen.check_distinct(args.metrics.metrics_addr)?;
     let options = args.options();
+    if args.store.lease == LeaseMode::Auto && args.store.charge == Charge::Always {
+        anyhow::bail!(
+            "--lease auto (TOLLGATE_LEASE) cannot be combined with --count-denied: a leased slice cannot count denied hits"
+        );
+    }
     let store = build_store(&args.store.spec()?, &args.store_options(), &options.metrics);
     let listen = &args.listen;
     let mut listeners = match &listen.grpc_uds {

@@ -10,7 +10,7 @@ use serde_saphyr::Spanned;
 use super::error::ConfigError;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
 use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters};
-use crate::limit::{Limit, Unit};
+use crate::limit::{Lease, Limit, Unit};
 use crate::rules::Policy;
 
 /// The longest window, ten years: far beyond any real limit, far below overflow.
@@ -164,6 +164,7 @@ impl Spec<'_> {
                 raw.min_interval.as_ref().map(|s| s.referenced.line()),
             ),
             ("anchor", raw.anchor.as_ref().map(|s| s.referenced.line())),
+            ("lease", raw.lease.as_ref().map(|s| s.referenced.line())),
         ];
         match fields
             .into_iter()
@@ -192,9 +193,43 @@ impl Spec<'_> {
             unit_multiplier,
             name: self.name(),
             algorithm: Algorithm::default(),
+            lease: Lease::AsConfigured,
         };
         limit.algorithm = self.algorithm(&limit)?;
+        limit.lease = self.lease(&limit)?;
         Ok(limit)
+    }
+
+    /// `lease`: only a fixed window aligned on the epoch hands out its budget exactly as one
+    /// count per window (storage/lease.rs).
+    fn lease(&self, limit: &Limit) -> Result<Lease, ConfigError> {
+        let Some(lease) = &self.raw.lease else {
+            return Ok(Lease::AsConfigured);
+        };
+        let line = lease.referenced.line();
+        let Some((_, parsed)) = Lease::NAMES.iter().find(|(name, _)| *name == lease.value) else {
+            let names: Vec<&str> = Lease::NAMES.iter().map(|(name, _)| *name).collect();
+            return Err(self.error(
+                line,
+                "lease",
+                format!("expected one of {}, got {:?}", names.join("|"), lease.value),
+            ));
+        };
+        let leasable = limit.algorithm
+            == (Algorithm::FixedWindow {
+                anchor: Anchor::Epoch,
+            });
+        if *parsed == Lease::Auto && !leasable {
+            return Err(self.error(
+                line,
+                "lease",
+                format!(
+                    "only a fixed_window limit aligned on the epoch can be leased, not {}",
+                    limit.algorithm.name()
+                ),
+            ));
+        }
+        Ok(*parsed)
     }
 
     /// The algorithm and its parameters, checked by the algorithm itself.

@@ -55,6 +55,7 @@ pub(super) struct RawRateLimit {
     pub(super) burst: Option<Spanned<u32>>,
     pub(super) min_interval: Option<Spanned<String>>,
     pub(super) anchor: Option<Spanned<String>>,
+    pub(super) lease: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,7 +202,7 @@ fn unclosed_bracket(text: &str, until: Option<u64>) -> Option<(u64, char)> {
 /// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
 /// the wrapper's, not a YAML key.
 fn yaml_path(path: &serde_path_to_error::Path) -> String {
-    const SPANNED_FIELDS: [&str; 13] = [
+    const SPANNED_FIELDS: [&str; 14] = [
         "domain",
         "key",
         "value",
@@ -215,6 +216,7 @@ fn yaml_path(path: &serde_path_to_error::Path) -> String {
         "burst",
         "min_interval",
         "anchor",
+        "lease",
     ];
     use serde_path_to_error::Segment;
     let mut out = String::new();

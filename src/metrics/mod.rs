@@ -1,13 +1,14 @@
 //! Prometheus metrics, served on `GET /metrics` (prometheus-client, OpenMetrics text). Names
 //! start with `tollgate_`; counters end in `_total`. One small struct per part, each in its
 //! file and registered here: the per-limit counters (`limits.rs`, on `counters.rs`), the RLS
-//! service (`service.rs`), the stores (`store.rs`), the rules (`config.rs`), readiness
+//! service (`service.rs`), the stores (`store.rs`) and their leases (`lease.rs`), the rules (`config.rs`), readiness
 //! (`health.rs`), RLQS (`quota.rs`) and the listeners' connections (`connections.rs`); the process's own metrics come from `process`.
 
 mod config;
 mod connections;
 mod counters;
 mod health;
+pub mod lease;
 mod limits;
 mod quota;
 pub mod reference;
@@ -73,6 +74,7 @@ pub struct Metrics {
     pub limits: LimitMetrics,
     pub service: ServiceMetrics,
     pub store: StoreMetrics,
+    pub lease: lease::LeaseMetrics,
     pub config: ConfigMetrics,
     pub health: HealthMetrics,
     pub quota: QuotaMetrics,
@@ -88,6 +90,7 @@ impl Metrics {
             limits: LimitMetrics::new(near_limit_ratio, max_detailed),
             service: ServiceMetrics::default(),
             store: StoreMetrics::default(),
+            lease: lease::LeaseMetrics::default(),
             config: ConfigMetrics::default(),
             health: HealthMetrics::default(),
             quota: QuotaMetrics::default(),
@@ -104,6 +107,7 @@ impl Metrics {
         metrics.limits.register(&mut registry);
         metrics.service.register(&mut registry);
         metrics.store.register(&mut registry);
+        metrics.lease.register(&mut registry);
         metrics.config.register(&mut registry);
         metrics.health.register(&mut registry);
         metrics.quota.register(&mut registry);

@@ -355,6 +355,7 @@ pub async fn run(
         .await
         .requiring_rules(Arc::clone(&rules), options.ready_needs_rules)
         .await;
+    let leases = store.leases.clone();
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
         store.counters,
@@ -404,7 +405,12 @@ pub async fn run(
     if let Some(metrics_only) = metrics_only {
         metrics_only.abort();
     }
-    drain(grpc, http, options.shutdown.drain_timeout).await
+    let drained = drain(grpc, http, options.shutdown.drain_timeout).await;
+    // Once no call is left to decide from them, the slices' unused budget goes back.
+    if let Some(leases) = leases {
+        leases.give_back_all().await;
+    }
+    drained
 }
 
 /// The gRPC listener's TLS settings, read first: a server that cannot serve TLS as asked must

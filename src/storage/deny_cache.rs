@@ -245,6 +245,7 @@ mod tests {
             params,
             hits,
             role: Role::Enforced,
+            lease: crate::limit::Lease::AsConfigured,
         }
     }
 

@@ -13,6 +13,7 @@
 pub mod deny_cache;
 pub mod guard;
 pub mod keys;
+pub mod lease;
 pub mod memory;
 pub mod options;
 pub mod redis;
@@ -23,6 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Outcome, Params};
+use crate::clock::Micros;
+use crate::limit::Lease;
 use keys::CounterKey;
 
 /// One item per hit, held inline for the common request of one hit.
@@ -52,6 +55,8 @@ pub struct Hit {
     pub params: Params,
     pub hits: u64,
     pub role: Role,
+    /// Its rule's `lease` (`lease.rs`).
+    pub lease: Lease,
 }
 
 /// The cause of a store failure, kept for logs (`{:#}` shows it) and for `source()`.
@@ -151,6 +156,44 @@ pub trait CounterReset: Send + Sync + 'static {
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError>;
 }
 
+/// Leasing a busy counter's budget (`lease.rs`): a store shared by replicas grants this
+/// replica part of a fixed window's budget, counted as hits, which it then decides from
+/// without a call per hit; what it does not use it gives back while the window lasts.
+#[tonic::async_trait]
+pub trait CounterLease: Send + Sync + 'static {
+    /// The instant the store of `hit`'s counter decides at right now (Redis's clock, as this
+    /// replica tracks it).
+    fn instant(&self, hit: &Hit) -> Result<Micros, StoreError>;
+
+    /// Takes up to `hit.hits` of the budget of `hit`'s counter in the window of `at`.
+    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError>;
+
+    /// Gives back up to `hit.hits` that this replica leased in the window of `at`; answers
+    /// the hits given back.
+    async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError>;
+}
+
+/// The budget this replica holds on lease (`lease.rs`), seen from outside the decision path.
+#[tonic::async_trait]
+pub trait HeldLeases: Send + Sync + 'static {
+    /// Whether counters whose rule does not say are leased (`--lease auto`).
+    fn by_default(&self) -> bool;
+
+    /// Gives back every slice's unused budget (graceful shutdown).
+    async fn give_back_all(&self);
+}
+
+/// What a lease granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    /// Hits of budget now held by this replica: at most those asked for, never past the limit.
+    pub granted: u64,
+    /// The counter's count after the grant: the limit less this is what nobody holds.
+    pub count: u64,
+    /// How many replicas hold (or held, this window) part of the counter's budget.
+    pub holders: u64,
+}
+
 /// Sharing RLQS demand between the replicas of a shared store.
 #[tonic::async_trait]
 pub trait DemandShare: Send + Sync + 'static {
@@ -173,6 +216,8 @@ pub struct Store {
     /// `Some` for a store that never waits: the same counters as `counters`, decided
     /// synchronously.
     pub at_once: Option<Arc<dyn DecideAtOnce>>,
+    /// `Some` for a store shared by replicas that leases busy counters (`lease.rs`).
+    pub leases: Option<Arc<dyn HeldLeases>>,
 }
 
 impl Store {
@@ -183,6 +228,7 @@ impl Store {
             reset: store,
             demand: None,
             at_once: None,
+            leases: None,
         }
     }
 

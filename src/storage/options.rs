@@ -13,6 +13,16 @@ use crate::algorithm::Charge;
 use crate::clock::Clock;
 use crate::storage::memory::WhenFull;
 
+/// `--lease`: whether counters whose rule does not say are leased when busy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaseMode {
+    /// Every hit is decided by the store, unless its rule says `lease: auto`.
+    #[default]
+    Off,
+    /// Busy fixed windows are leased, unless their rule says `lease: off`.
+    Auto,
+}
+
 /// Which store to build, from `--store` (and `--store-per-second`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreSpec {
@@ -97,6 +107,18 @@ pub struct StoreOptions {
     /// how long a replica keeps denying a counter that was reset in the store.
     #[arg(long, env = "TOLLGATE_DENY_CACHE_MAX_TTL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub deny_cache_max_ttl: Duration,
+
+    /// Lease the budget of busy counters whose rule does not say (`lease:`): `auto` leases a
+    /// fixed window (aligned on the epoch) while this replica sees it busy, and answers its
+    /// hits from the slice held, without a Redis call each (docs/algorithms.md, "Leases");
+    /// `off` decides every hit in Redis.
+    #[arg(long, env = "TOLLGATE_LEASE", value_enum, default_value_t = LeaseMode::Off)]
+    pub lease: LeaseMode,
+
+    /// Hits a second on one counter, seen by this replica, from which a leased counter's
+    /// budget is leased.
+    #[arg(long, env = "TOLLGATE_LEASE_BUSY_RATE", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_busy_rate: u64,
 
     /// Multiplexed connections to Redis (to each node, on a cluster) that calls are spread
     /// over. One keeps a single-threaded Redis busy; with Redis `io-threads N`, use N, since

@@ -1,16 +1,20 @@
 //! The store as served: which store (`--store`, `--store-per-second`), and around a remote
 //! one the layers that make it safe to call on every request: the deny cache in front of the
 //! timeout and circuit breaker (`guard`), so that cached denials neither reset the breaker nor
-//! wait for it. Beside the decision path, the reset (which forgets the deny cache's denials
+//! wait for it; in front of both, the leases of busy counters (`lease`). Beside the decision
+//! path, the reset (which forgets the deny cache's denials
 //! too) and the demand sharing of RLQS, each built here for what it reaches (`Store`).
 
 use std::sync::Arc;
 
+use super::lease::{LeaseSettings, Leased};
+use super::options::LeaseMode;
 use super::options::{StoreOptions, StoreSpec};
 use super::redis::RedisStore;
 use super::redis::per_second::PerSecondSplit;
 use super::{
-    CounterReset, CounterStore, DemandShare, Hit, Store, StoreError, deny_cache, guard, memory,
+    CounterLease, CounterReset, CounterStore, DemandShare, HeldLeases, Hit, Store, StoreError,
+    deny_cache, guard, memory,
 };
 use crate::algorithm::Charge;
 use crate::clock::{Clock, SystemClock};
@@ -45,7 +49,7 @@ pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) 
 /// A remote store wrapped as served (see the module docs).
 pub fn remote_stack<S>(store: Arc<S>, options: &StoreOptions, metrics: &Metrics) -> Store
 where
-    S: CounterStore + CounterReset + DemandShare,
+    S: CounterStore + CounterReset + DemandShare + CounterLease,
 {
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
         Arc::clone(&store) as Arc<dyn CounterStore>,
@@ -63,26 +67,44 @@ where
             .with_metrics(metrics),
         )
     });
-    let counters = match &cache {
+    let per_request = match &cache {
         Some(cache) => Arc::clone(cache) as Arc<dyn CounterStore>,
         None => guarded,
+    };
+    // Leases hand out budget counted as hits, which cannot also count denied hits.
+    let leases = (options.charge == Charge::IfAllowed).then(|| {
+        let settings = LeaseSettings {
+            by_default: options.lease == LeaseMode::Auto,
+            busy_rate: options.lease_busy_rate,
+            slice_life: micros(options.deny_cache_max_ttl),
+        };
+        let lender = Arc::clone(&store) as Arc<dyn CounterLease>;
+        Leased::new(per_request.clone(), lender, settings, metrics)
+    });
+    let counters = match &leases {
+        Some(leases) => Arc::clone(leases) as Arc<dyn CounterStore>,
+        None => per_request,
     };
     Store {
         counters,
         reset: Arc::new(Reset {
             cache,
+            leases: leases.clone(),
             store: Arc::clone(&store) as Arc<dyn CounterReset>,
         }),
         demand: Some(store),
         at_once: None,
+        leases: leases.map(|leases| leases as Arc<dyn HeldLeases>),
     }
 }
 
-/// The reset of a remote store: this replica's deny cache forgets the counters first (it
-/// then answers from the store at once; other replicas within their caches' longest time to
-/// trust a denial), then the store does.
+/// The reset of a remote store: this replica's deny cache forgets the counters first, and
+/// its leases their slices (it then answers from the store at once; other replicas within
+/// their caches' longest time to trust a denial, which is also a slice's longest life), then
+/// the store does.
 struct Reset {
     cache: Option<Arc<deny_cache::DenyCached>>,
+    leases: Option<Arc<Leased>>,
     store: Arc<dyn CounterReset>,
 }
 
@@ -91,6 +113,9 @@ impl CounterReset for Reset {
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         if let Some(cache) = &self.cache {
             cache.forget_denials(hits);
+        }
+        if let Some(leases) = &self.leases {
+            leases.forget(hits);
         }
         self.store.forget(hits).await
     }

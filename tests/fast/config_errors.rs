@@ -29,7 +29,7 @@ macro_rules! config_error {
 
 config_error! {
     unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, rate_limits, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
-    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor";
+    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor, lease";
     yaml_syntax => "api.yaml:4: descriptors[0]: invalid indentation in multiline quoted scalar";
     missing_domain => "api.yaml:1: domain: missing; every file names its domain";
     empty_domain => "api.yaml:1: domain: must not be empty";
@@ -60,6 +60,9 @@ config_error! {
     zero_unit_multiplier => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit_multiplier: must be at least 1";
     burst_too_large_to_count_exactly => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: burst × window in seconds must be at most 2^52 for gcra to count exactly; use a shorter unit with a proportional limit";
     zero_burst => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: must be at least 1 (write requests_per_unit: 0 to deny every request)";
+    lease_on_a_sliding_window => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: only a fixed_window limit aligned on the epoch can be leased, not sliding_window";
+    bad_lease => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: expected one of auto|off, got \"always\"";
+    unlimited_with_lease => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: must not be set when unlimited is true";
     bad_anchor => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.anchor: expected one of epoch|first_hit, got \"midnight\"";
     unlimited_with_algorithm => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: must not be set when unlimited is true";
     rate_limit_and_rate_limits => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits: use either rate_limit or rate_limits, not both";

@@ -97,6 +97,7 @@ impl Sequence {
             params,
             hits,
             role,
+            lease: tollgate::limit::Lease::AsConfigured,
         }
     }
 

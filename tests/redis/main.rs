@@ -33,6 +33,7 @@ mod window_edges;
 
 mod failover;
 mod layouts;
+mod leases;
 mod overload;
 mod redis_cluster;
 mod redis_faults;

@@ -293,6 +293,7 @@ fn user_hits(users: &[String]) -> Vec<Hit> {
             params,
             hits: 1,
             role: Role::Enforced,
+            lease: tollgate::limit::Lease::AsConfigured,
         })
         .collect()
 }

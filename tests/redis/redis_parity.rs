@@ -192,6 +192,7 @@ async fn run_sequence(
         params,
         hits,
         role: Role::Enforced,
+        lease: tollgate::limit::Lease::AsConfigured,
     };
     // Always over: a request that carries it is vetoed.
     let blocker = {
@@ -206,6 +207,7 @@ async fn run_sequence(
             params,
             hits: 1,
             role: Role::Enforced,
+            lease: tollgate::limit::Lease::AsConfigured,
         }
     };
     let mut state: Option<State> = None;

@@ -26,6 +26,7 @@ fn hit(user: &str, params: Params, hits: u64) -> Hit {
         params,
         hits,
         role: Role::Enforced,
+        lease: tollgate::limit::Lease::AsConfigured,
     }
 }
 

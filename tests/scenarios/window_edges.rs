@@ -43,6 +43,7 @@ fn hit(user: &str) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        lease: tollgate::limit::Lease::AsConfigured,
     }
 }
 

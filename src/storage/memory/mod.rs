@@ -226,6 +226,7 @@ mod tests {
             params,
             hits,
             role,
+            lease: crate::limit::Lease::AsConfigured,
         }
     }
 

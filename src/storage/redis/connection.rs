@@ -75,6 +75,14 @@ impl Connection {
         }
     }
 
+    /// `call` in its layout, the raw reply: for the layouts whose reply is not a decision
+    /// (the leases).
+    pub async fn send_call(&self, call: &Call<'_>) -> Result<Value, StoreError> {
+        self.send(call, Layout::of(call))
+            .await
+            .map_err(|error| self.store_error(error))
+    }
+
     async fn send(&self, call: &Call<'_>, layout: Layout) -> Result<Value, RedisError> {
         match self.link.clone() {
             Link::Single(mut connection) => {

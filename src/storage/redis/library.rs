@@ -26,7 +26,7 @@ use super::call::Layout;
 
 /// The parts, in the order the code needs them: helpers, the rule and the state format, one
 /// file per algorithm (each registers itself by its code), one file per layout.
-const SOURCE: [&str; 13] = [
+const SOURCE: [&str; 15] = [
     include_str!("lua/prelude.lua"),
     include_str!("lua/rule.lua"),
     include_str!("lua/state.lua"),
@@ -40,6 +40,8 @@ const SOURCE: [&str; 13] = [
     include_str!("lua/decide_one.lua"),
     include_str!("lua/apply.lua"),
     include_str!("lua/give_back.lua"),
+    include_str!("lua/lease.lua"),
+    include_str!("lua/lease_return.lua"),
 ];
 
 static CODE: LazyLock<String> = LazyLock::new(|| SOURCE.join("\n"));
@@ -201,7 +203,7 @@ mod tests {
         assert_eq!(VERSION.len(), 12);
         assert!(LIBRARY_TEXT.starts_with(&format!("#!lua name=tollgate_{}\n", *VERSION)));
         let functions: Vec<Function> = Function::all().collect();
-        assert_eq!(functions.len(), 7);
+        assert_eq!(functions.len(), 9);
         for layout in Layout::ALL {
             let name = Function {
                 layout,

@@ -14,8 +14,9 @@
 //! - `clock.rs`: Redis's clock as this replica tracks it, the instant every call decides at;
 //! - `doctor.rs`: what failing calls say about the connections (readiness, a rebuild of the
 //!   pool, liveness);
-//! - `per_second.rs` (a second store for per-second limits) and `demand.rs` (RLQS demand
-//!   shared by replicas), beside the request path.
+//! - `per_second.rs` (a second store for per-second limits), `demand.rs` (RLQS demand
+//!   shared by replicas) and `leases.rs` (a busy counter's budget leased to this replica),
+//!   beside the request path.
 
 pub mod call;
 mod clock;
@@ -23,6 +24,7 @@ pub mod connection;
 mod demand;
 mod doctor;
 mod fanout;
+mod leases;
 pub mod library;
 pub mod per_second;
 mod pool;
@@ -32,6 +34,7 @@ mod transport;
 pub mod url;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use call::{Call, Op};
@@ -56,6 +59,8 @@ pub struct RedisStore {
     topology: Arc<Topology>,
     /// The instant of each call: Redis's clock as this replica tracks it (`clock.rs`).
     clock: Arc<RedisClock>,
+    /// This store's name in the lease tallies of the counters it leases (`leases.rs`).
+    holder: String,
 }
 
 impl RedisStore {
@@ -90,6 +95,7 @@ impl RedisStore {
             options,
             topology,
             clock,
+            holder: holder_name(),
         })
     }
 
@@ -207,7 +213,11 @@ impl CounterReset for RedisStore {
         let connection = &connection;
         let deletes = hits.iter().map(|hit| {
             let call = self.call(Op::Apply { now }, std::slice::from_ref(hit), None, true);
-            let command = redis::cmd("DEL").arg(call.key(hit)).to_owned();
+            // A leased counter's tally goes with it: what was leased before is not given back.
+            let command = redis::cmd("DEL")
+                .arg(call.key(hit))
+                .arg(call.tally_key(hit))
+                .to_owned();
             async move { connection.query::<i64>(&command).await }
         });
         let deleted = futures_util::future::join_all(deletes);
@@ -231,4 +241,14 @@ impl DemandShare for RedisStore {
             .await
             .map_err(|_| StoreError::Timeout(self.options.timeout))?
     }
+}
+
+/// This store's name as a lease holder: unique to the process and to the store within it.
+fn holder_name() -> String {
+    static STORES: AtomicU64 = AtomicU64::new(0);
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    let store = STORES.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}.{:x}.{store}", std::process::id(), started)
 }

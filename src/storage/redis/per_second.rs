@@ -14,9 +14,11 @@ use super::RedisStore;
 use super::fanout::Part;
 use crate::algorithm::{Charge, Outcome};
 use crate::clock::MICROS_PER_SECOND;
+use crate::clock::Micros;
 use crate::storage::rule::vetoes;
 use crate::storage::{
-    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError,
+    CounterLease, CounterReset, CounterStore, Demand, DemandPost, DemandShare, Grant, Hit,
+    StoreError,
 };
 
 pub struct PerSecondSplit {
@@ -115,5 +117,31 @@ impl DemandShare for PerSecondSplit {
     /// Demand is not per second: it lives with the other limits.
     async fn share_demand(&self, post: &DemandPost<'_>) -> Result<Vec<Demand>, StoreError> {
         self.main.share_demand(post).await
+    }
+}
+
+/// A counter's leases go to the store that counts it.
+#[tonic::async_trait]
+impl CounterLease for PerSecondSplit {
+    fn instant(&self, hit: &Hit) -> Result<Micros, StoreError> {
+        self.store_of(hit).instant(hit)
+    }
+
+    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError> {
+        self.store_of(hit).lease(hit, at).await
+    }
+
+    async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {
+        self.store_of(hit).give_back_lease(hit, at).await
+    }
+}
+
+impl PerSecondSplit {
+    fn store_of(&self, hit: &Hit) -> &RedisStore {
+        if is_per_second(hit) {
+            &self.per_second
+        } else {
+            &self.main
+        }
     }
 }

@@ -309,6 +309,7 @@ mod tests {
             params,
             hits: 1,
             role: Role::Enforced,
+            lease: crate::limit::Lease::AsConfigured,
         }
     }
 

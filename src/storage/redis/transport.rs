@@ -138,9 +138,13 @@ fn command(verb: &str, target: &str, call: &Call<'_>, layout: Layout) -> Cmd {
             }
         }
         None => {
-            command.arg(hits);
+            let tally = call.hits.first().filter(|_| layout.declares_tally());
+            command.arg(hits + usize::from(tally.is_some()));
             for hit in call.hits {
                 command.arg(call.key(hit));
+            }
+            if let Some(hit) = tally {
+                command.arg(call.tally_key(hit));
             }
             layout.encode(call, &mut command);
         }

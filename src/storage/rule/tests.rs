@@ -17,6 +17,7 @@ fn hit(descriptor: usize, user: &str, requests: u64, hits: u64, role: Role) -> H
         params,
         hits,
         role,
+        lease: crate::limit::Lease::AsConfigured,
     }
 }
 

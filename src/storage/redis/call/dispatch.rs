@@ -4,7 +4,9 @@
 use redis::{Cmd, Value};
 
 use super::numbers::is_counter;
-use super::{Call, Layout, Op, Reply, apply, count, count_one, decide_one, give_back};
+use super::{
+    Call, Layout, Op, Reply, apply, count, count_one, decide_one, give_back, lease, lease_return,
+};
 use crate::storage::{Role, StoreError};
 
 impl Layout {
@@ -13,6 +15,8 @@ impl Layout {
         let counters = !call.hits.is_empty() && call.hits.iter().all(|hit| is_counter(&hit.params));
         match (&call.op, call.hits, call.node) {
             (Op::GiveBack { .. }, _, _) => Layout::GiveBack,
+            (Op::Lease { .. }, _, _) => Layout::Lease,
+            (Op::LeaseReturn { .. }, _, _) => Layout::LeaseReturn,
             // Only Apply decides a refund in Redis; the others decode by charging.
             (Op::Apply { .. }, _, _) if has_refund(call) => Layout::Apply,
             (Op::Apply { .. }, [_], None) if counters => Layout::CountOne,
@@ -29,6 +33,9 @@ impl Layout {
         let lone = call.hits.len() == 1 && call.node.is_none();
         match (self, &call.op) {
             (Layout::GiveBack, Op::GiveBack { .. }) => true,
+            (Layout::Lease, Op::Lease { .. }) | (Layout::LeaseReturn, Op::LeaseReturn { .. }) => {
+                lone && counters
+            }
             (Layout::Apply, Op::Apply { .. }) => true,
             (Layout::Count, Op::Apply { .. }) => counters,
             (Layout::CountOne, Op::Apply { .. }) => counters && lone,
@@ -49,12 +56,16 @@ impl Layout {
             Layout::DecideOne => decide_one::encode(call, command),
             Layout::Apply => apply::encode(call, command),
             Layout::GiveBack => give_back::encode(call, command),
+            Layout::Lease => lease::encode(call, command),
+            Layout::LeaseReturn => lease_return::encode(call, command),
         }
     }
 
-    /// Reads the reply to `call`.
+    /// Reads the reply to `call`, for a layout that decides hits: the lease layouts answer
+    /// budget instead (`lease::decode`, `lease_return::decode`).
     pub fn decode(self, call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
         match self {
+            Layout::Lease | Layout::LeaseReturn => Err(call.malformed(self, &"no decision")),
             Layout::CountOne => count_one::decode(call, reply),
             Layout::Count => count::decode(call, reply),
             Layout::DecideOne => decide_one::decode(call, reply),

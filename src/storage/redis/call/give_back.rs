@@ -15,7 +15,7 @@ use crate::storage::StoreError;
 pub fn encode(call: &Call<'_>, command: &mut Cmd) {
     let expected = match call.op {
         Op::GiveBack { expected, .. } => expected,
-        Op::Apply { .. } => &[],
+        Op::Apply { .. } | Op::Lease { .. } | Op::LeaseReturn { .. } => &[],
     };
     let header = [n(call.instant()), n(call.hits.len() as u64)];
     let per_hit =

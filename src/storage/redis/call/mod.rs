@@ -5,10 +5,12 @@
 //! How a call travels (FCALL, the library's load, scripts where functions cannot run) is
 //! `transport.rs`.
 //!
-//! Two kinds of reply: the layouts that answer what their counters held (`CountOne`, `Count`,
-//! `DecideOne`) are decoded by the request rule (`storage::rule`), which works out every
-//! outcome, as the memory store does; the others (`Apply`, `GiveBack`) answer the outcomes
-//! Redis worked out. docs/performance.md has what each layout costs Redis.
+//! Three kinds of reply: the layouts that answer what their counters held (`CountOne`,
+//! `Count`, `DecideOne`) are decoded by the request rule (`storage::rule`), which works out
+//! every outcome, as the memory store does; `Apply` and `GiveBack` answer the outcomes Redis
+//! worked out; the lease layouts (`Lease`, `LeaseReturn`) decide no hit and answer budget
+//! taken or given back (`storage::lease`). docs/performance.md has what each layout costs
+//! Redis.
 
 mod apply;
 mod count;
@@ -16,6 +18,8 @@ mod count_one;
 mod decide_one;
 mod dispatch;
 mod give_back;
+pub mod lease;
+pub mod lease_return;
 pub mod numbers;
 
 use crate::algorithm::{Charge, Outcome, State};
@@ -39,15 +43,21 @@ pub enum Layout {
     Apply,
     /// Gives back what a committed call consumed, when its request was vetoed elsewhere.
     GiveBack,
+    /// Takes part of a fixed window's budget for this replica (`Op::Lease`).
+    Lease,
+    /// Gives back what a lease granted and its holder did not use (`Op::LeaseReturn`).
+    LeaseReturn,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 5] = [
+    pub const ALL: [Layout; 7] = [
         Layout::CountOne,
         Layout::Count,
         Layout::DecideOne,
         Layout::Apply,
         Layout::GiveBack,
+        Layout::Lease,
+        Layout::LeaseReturn,
     ];
 
     /// The layout's name, which its function in the library carries.
@@ -58,6 +68,8 @@ impl Layout {
             Layout::DecideOne => "decide_one",
             Layout::Apply => "apply",
             Layout::GiveBack => "give_back",
+            Layout::Lease => "lease",
+            Layout::LeaseReturn => "lease_return",
         }
     }
 
@@ -73,8 +85,22 @@ impl Layout {
             (Layout::Apply, false) => Some("apply"),
             (Layout::Apply, true) => Some("apply_cross_slot"),
             (Layout::GiveBack, false) => Some("give_back"),
-            (Layout::CountOne | Layout::DecideOne | Layout::GiveBack, true) => None,
+            (Layout::Lease, false) => Some("lease"),
+            (Layout::LeaseReturn, false) => Some("lease_return"),
+            (
+                Layout::CountOne
+                | Layout::DecideOne
+                | Layout::GiveBack
+                | Layout::Lease
+                | Layout::LeaseReturn,
+                true,
+            ) => None,
         }
+    }
+
+    /// Whether the call also declares its counter's lease tally, after the counter.
+    pub fn declares_tally(self) -> bool {
+        matches!(self, Layout::Lease | Layout::LeaseReturn)
     }
 }
 
@@ -90,6 +116,11 @@ pub enum Op<'a> {
         at: Micros,
         expected: &'a [Option<State>],
     },
+    /// Takes up to the one hit's `hits` of its window's budget at `at` for `holder` (a
+    /// replica's name).
+    Lease { at: Micros, holder: &'a str },
+    /// Gives back up to the one hit's `hits` that `holder` leased in the window of `at`.
+    LeaseReturn { at: Micros, holder: &'a str },
 }
 
 /// One call: `hits` (all in one slot, or with `node` on one node), and what to do with them.
@@ -130,7 +161,7 @@ impl Call<'_> {
     pub fn instant(&self) -> Micros {
         match self.op {
             Op::Apply { now } => now,
-            Op::GiveBack { at, .. } => at,
+            Op::GiveBack { at, .. } | Op::Lease { at, .. } | Op::LeaseReturn { at, .. } => at,
         }
     }
 
@@ -144,6 +175,14 @@ impl Call<'_> {
         } else {
             [self.prefix, key].concat()
         }
+    }
+
+    /// The lease tally of a hit's counter (`lease.rs`): its key in Redis with `:leases`
+    /// appended. A counter's key ends in its window's number, so no counter has this key.
+    pub fn tally_key(&self, hit: &Hit) -> String {
+        let mut key = self.key(hit);
+        key.push_str(":leases");
+        key
     }
 
     /// For each hit, the number (1-based) of the hit before it on the same counter, 0 if none:

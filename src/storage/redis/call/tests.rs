@@ -20,6 +20,7 @@ fn hit(user: &str, algorithm: Algorithm, requests: u64) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        lease: crate::limit::Lease::AsConfigured,
     }
 }
 

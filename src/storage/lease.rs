@@ -8,9 +8,11 @@
 //! replica's slices is answered from them; any other request goes to the store as it would
 //! without leases, slices untouched, so a request stays all-or-nothing whatever its mix. The
 //! next slice is asked for in the background when the slice runs low: a decision never waits
-//! on a lease. Unused budget goes back (a `LeaseReturn`) when a slice has lived
-//! `--deny-cache-max-ttl` (so a reset reaches every replica within it), when its counter
-//! cools down, and on shutdown; a slice of a window that has ended is dropped, its counter
+//! on a lease, and each lease checks that the store still counts what this replica holds
+//! (a reset, a flush or a failover since makes the slice stale). Unused budget goes back (a
+//! `LeaseReturn`) when a slice has gone `--deny-cache-max-ttl` without a lease renewing it
+//! (so a reset reaches every replica within it), when its counter cools down, and on
+//! shutdown; a slice of a window that has ended is dropped, its counter
 //! with it. A replica that dies loses its slices: the fleet under-admits, never over.
 
 use std::collections::HashMap;
@@ -24,7 +26,8 @@ use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::limit::Lease;
 use crate::metrics::Metrics;
 use crate::metrics::lease::LeaseMetrics;
-use slice::{Followed, Slice, follow, take, window_of};
+use crate::storage::PerHit;
+use slice::{Followed, Slice, Spotter, follow, take, window_of};
 
 /// How this replica leases (`--lease` and its companions).
 #[derive(Debug, Clone, Copy)]
@@ -33,14 +36,15 @@ pub struct LeaseSettings {
     pub by_default: bool,
     /// Hits a second on one counter, seen by this replica, from which it leases.
     pub busy_rate: u64,
-    /// The longest a slice is used after it was first leased (`--deny-cache-max-ttl`): a
-    /// reset of the counter reaches this replica within it.
+    /// The longest a slice is used after the last lease that found it intact
+    /// (`--deny-cache-max-ttl`): a reset of the counter reaches this replica within it.
     pub slice_life: Micros,
 }
 
 /// A slice covers about this long of this replica's demand, so that the next one, asked for
-/// when it runs half out, comes back before it is gone.
-const LOOKAHEAD: Micros = 200_000;
+/// when it runs half out, comes back before it is gone, and a busy counter costs a few calls
+/// a second whatever its rate.
+const LOOKAHEAD: Micros = 500_000;
 /// A lease of fewer hits than this is not worth a call: the last few hits of a window, and
 /// limits too small to split, are decided per request.
 const MIN_SLICE: u64 = 8;
@@ -52,9 +56,18 @@ pub struct Leased {
     store: Arc<dyn CounterStore>,
     leases: Arc<dyn CounterLease>,
     settings: LeaseSettings,
-    counters: Mutex<HashMap<CounterKey, Followed>>,
+    book: Mutex<Book>,
     metrics: LeaseMetrics,
     me: Weak<Leased>,
+}
+
+/// The counters this replica follows, and what it knows of the others.
+#[derive(Default)]
+struct Book {
+    counters: HashMap<CounterKey, Followed>,
+    spotter: Spotter,
+    /// Resets of counters so far: a grant asked for before one is not trusted.
+    resets: u64,
 }
 
 /// Whether a limit's counter is leased while busy: a fixed window aligned on the epoch, large
@@ -73,6 +86,15 @@ pub fn leased_when_busy(lease: Lease, params: &Params, by_default: bool) -> bool
         && params.requests >= MIN_SLICE * 2
 }
 
+/// A lease asked for: the hit to lease with (`hits` asked), its instant, what this replica
+/// believes it holds of the window, and the resets seen when it was asked.
+struct Asked {
+    hit: Hit,
+    at: Micros,
+    held: u64,
+    resets: u64,
+}
+
 impl Leased {
     pub fn new(
         store: Arc<dyn CounterStore>,
@@ -84,7 +106,7 @@ impl Leased {
             store,
             leases,
             settings,
-            counters: Mutex::new(HashMap::new()),
+            book: Mutex::new(Book::default()),
             metrics: metrics.lease.clone(),
             me: me.clone(),
         });
@@ -98,58 +120,99 @@ impl Leased {
             && leased_when_busy(hit.lease, &hit.params, self.settings.by_default)
     }
 
-    fn counters(&self) -> MutexGuard<'_, HashMap<CounterKey, Followed>> {
+    fn book(&self) -> MutexGuard<'_, Book> {
         // A panic elsewhere while holding the lock leaves only demand figures behind.
-        self.counters
+        self.book
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Each leasable hit's instant, by its own store's clock (`--store-per-second` has two).
+    fn instants(&self, hits: &[Hit]) -> PerHit<Option<Micros>> {
+        hits.iter()
+            .map(|hit| {
+                self.leasable(hit)
+                    .then(|| self.leases.instant(hit).ok())
+                    .flatten()
+            })
+            .collect()
+    }
+
     /// The request answered from this replica's slices, if every hit is leasable and fits in
     /// its counter's slice; the demand followed and the next leases asked for either way.
-    fn answer_from_slices(&self, hits: &[Hit], now: Micros) -> Option<Vec<Outcome>> {
-        let mut counters = self.counters();
+    fn answer_from_slices(&self, hits: &[Hit], nows: &[Option<Micros>]) -> Option<Vec<Outcome>> {
+        let mut guard = self.book();
+        let book = &mut *guard;
         let mut local = true;
         let mut returns = Vec::new();
-        for hit in hits {
-            if !self.leasable(hit) {
-                local = false;
-                continue;
-            }
-            let Some(followed) = follow(&mut counters, hit, now) else {
+        for (hit, now) in hits.iter().zip(nows) {
+            let Some(now) = *now else {
                 local = false;
                 continue;
             };
-            followed.demand.add(now, hit.hits.max(1));
+            let hits_now = hit.hits.max(1);
+            let busy_rate = self.settings.busy_rate;
+            let spotter = &mut book.spotter;
+            let busy = || spotter.busy(&hit.key, now, hits_now, busy_rate);
+            let Some(followed) = follow(&mut book.counters, hit, now, busy) else {
+                local = false;
+                continue;
+            };
+            followed.demand.add(now, hits_now);
             followed.last_used = now;
-            if let Some(slice) = followed.slice.take_if(|slice| !slice.usable(hit, now)) {
-                returns.extend(slice.unused_of_current(hit, now));
+            // The rules changed the limit (the key is the same): what was leased under the
+            // old one goes back, and the next lease asks under the new one.
+            let changed = followed.hit.params != hit.params;
+            if changed {
+                followed.hit.params = hit.params;
+                followed.unleased = None;
+            }
+            let stale = followed.slice.is_some_and(|slice| !slice.usable(now));
+            if changed || stale {
+                // One call at a time per counter: with a lease in flight, what the slice
+                // holds is not given back (the window under-admits by it).
+                if followed.calling {
+                    followed.slice = None;
+                } else if let Some(unused) = followed.give_back_slice(now) {
+                    followed.calling = true;
+                    returns.push(unused);
+                }
             }
         }
+        let instants: Vec<Micros> = nows.iter().map(|now| now.unwrap_or(0)).collect();
         let outcomes = if local {
-            take(&mut counters, hits, now)
+            take(&mut book.counters, hits, &instants)
         } else {
             None
         };
         let waited = outcomes.is_none()
             && hits.iter().any(|hit| {
-                counters
+                book.counters
                     .get(&hit.key)
-                    .is_some_and(|followed| followed.leasing)
+                    .is_some_and(|followed| followed.calling)
             });
-        let leases: Vec<(Hit, u64)> = hits
-            .iter()
-            .filter(|hit| self.leasable(hit))
-            .filter_map(|hit| {
-                let followed = counters.get_mut(&hit.key)?;
-                let want = self.next_lease(followed, now)?;
-                followed.leasing = true;
-                Some((followed.hit.clone(), want))
-            })
-            .collect();
-        drop(counters);
-        for (hit, want) in leases {
-            self.spawn_lease(hit, want, now);
+        let mut leases = Vec::new();
+        for (hit, now) in hits.iter().zip(nows) {
+            let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key)) else {
+                continue;
+            };
+            let Some(want) = self.next_lease(followed, now) else {
+                continue;
+            };
+            followed.calling = true;
+            leases.push(Asked {
+                hit: Hit {
+                    hits: want,
+                    ..followed.hit.clone()
+                },
+                at: now,
+                held: followed.held_in(window_of(hit, now).0),
+                resets: book.resets,
+            });
+        }
+        drop(guard);
+        for asked in leases {
+            self.spawn_lease(asked);
         }
         for (hit, at) in returns {
             self.spawn_return(hit, at);
@@ -162,15 +225,29 @@ impl Leased {
         outcomes
     }
 
-    /// How much to lease for `followed` now, if it is busy, no lease is in flight, and its
+    /// What the store's answers say nobody holds of the followed counters: the next lease's
+    /// size goes by it.
+    fn learn(&self, hits: &[Hit], outcomes: &[Outcome], nows: &[Option<Micros>]) {
+        let mut book = self.book();
+        for ((hit, outcome), now) in hits.iter().zip(outcomes).zip(nows) {
+            if let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key))
+                && followed.hit.params == hit.params
+            {
+                followed.unleased = Some((window_of(hit, now).0, outcome.remaining));
+            }
+        }
+    }
+
+    /// How much to lease for `followed` now, if it is busy, no call is in flight, and its
     /// slice has run below half of what its demand calls for.
     fn next_lease(&self, followed: &Followed, now: Micros) -> Option<u64> {
         let rate = followed.demand.rate();
-        if followed.leasing || rate < self.settings.busy_rate {
+        if followed.calling || rate < self.settings.busy_rate {
             return None;
         }
         let (window, _) = window_of(&followed.hit, now);
-        let wanted = (rate * LOOKAHEAD)
+        let wanted = rate
+            .saturating_mul(LOOKAHEAD)
             .div_ceil(MICROS_PER_SECOND)
             .max(MIN_SLICE);
         let held = followed
@@ -192,71 +269,105 @@ impl Leased {
         (want >= MIN_SLICE).then_some(want)
     }
 
-    fn spawn_lease(&self, hit: Hit, want: u64, now: Micros) {
+    /// Asks for a lease in the background.
+    fn spawn_lease(&self, asked: Asked) {
         let Some(me) = self.me.upgrade() else {
             return;
         };
         tokio::spawn(async move {
-            let asked = Hit { hits: want, ..hit };
-            let result = me.leases.lease(&asked, now).await;
-            me.granted(&asked, now, result);
+            let result = me.leases.lease(&asked.hit, asked.at, asked.held).await;
+            me.granted(&asked, result);
         });
     }
 
-    /// Adds what a lease granted to the counter's slice of that window; a grant for a window
-    /// that has ended meanwhile is dropped (its counter ends with it).
-    fn granted(&self, hit: &Hit, at: Micros, result: Result<Grant, StoreError>) {
-        let mut counters = self.counters();
+    /// Adds what a lease granted to the counter's slice of that window, and lets the slice
+    /// live `slice_life` from the lease: the store found the slice's budget still counted.
+    /// If it did not (a reset, a flush, a failover since), the slice is stale and replaced by
+    /// the grant. A grant for a window that has ended meanwhile is dropped (its counter ends
+    /// with it); one asked for under another limit, or before a reset of this replica's, goes
+    /// back at once.
+    fn granted(&self, asked: &Asked, result: Result<Grant, StoreError>) {
+        let mut book = self.book();
+        let resets = book.resets;
+        let followed = book.counters.get_mut(&asked.hit.key);
         let grant = match result {
             Ok(grant) => grant,
             Err(error) => {
                 tracing::debug!(%error, "a lease call failed; the counter is decided per request");
                 self.metrics.failed.inc();
-                if let Some(followed) = counters.get_mut(&hit.key) {
-                    followed.leasing = false;
+                if let Some(followed) = followed {
+                    followed.calling = false;
                 }
                 return;
             }
         };
         self.metrics.taken(grant.granted);
-        let (window, end) = window_of(hit, at);
-        let Some(followed) = counters.get_mut(&hit.key) else {
-            drop(counters);
-            // Forgotten meanwhile (a reset): the grant goes back at once.
-            self.spawn_return(
-                Hit {
+        let hit = &asked.hit;
+        let followed = match followed {
+            Some(followed) if resets == asked.resets && followed.hit.params == hit.params => {
+                followed
+            }
+            followed => {
+                if let Some(followed) = followed {
+                    followed.calling = false;
+                }
+                drop(book);
+                let unused = Hit {
                     hits: grant.granted,
                     ..hit.clone()
-                },
-                at,
-            );
-            return;
+                };
+                if grant.granted > 0 {
+                    self.spawn_return(unused, asked.at);
+                }
+                return;
+            }
         };
-        followed.leasing = false;
+        followed.calling = false;
+        let (window, end) = window_of(hit, asked.at);
         followed.holders = grant.holders;
         followed.unleased = Some((window, hit.params.requests.saturating_sub(grant.count)));
-        if grant.granted == 0 {
-            return;
+        if !grant.intact {
+            tracing::debug!(
+                "a leased counter was reset, flushed or rolled back; its slice is dropped"
+            );
+            followed.tally = (window, 0);
+            followed.slice = followed.slice.filter(|slice| slice.window != window);
         }
+        if followed.tally.0 == window {
+            followed.tally.1 = followed.tally.1.saturating_add(grant.granted);
+        } else {
+            followed.tally = (window, grant.granted);
+        }
+        let until = asked.at.saturating_add(self.settings.slice_life).min(end);
         match &mut followed.slice {
-            Some(slice) if slice.window == window => slice.left += grant.granted,
+            Some(slice) if slice.window == window => {
+                slice.left = slice.left.saturating_add(grant.granted);
+                slice.until = slice.until.max(until);
+            }
             Some(slice) if slice.window > window => {}
+            _ if grant.granted == 0 => {}
             _ => {
                 followed.slice = Some(Slice {
                     window,
-                    at,
+                    at: asked.at,
                     left: grant.granted,
-                    until: (at + self.settings.slice_life).min(end),
+                    until,
                 })
             }
         }
     }
 
+    /// Gives back in the background; the counter's next lease waits for the answer.
     fn spawn_return(&self, hit: Hit, at: Micros) {
         let Some(me) = self.me.upgrade() else {
             return;
         };
-        tokio::spawn(async move { me.give_back(&hit, at).await });
+        tokio::spawn(async move {
+            me.give_back(&hit, at).await;
+            if let Some(followed) = me.book().counters.get_mut(&hit.key) {
+                followed.calling = false;
+            }
+        });
     }
 
     async fn give_back(&self, hit: &Hit, at: Micros) {
@@ -269,21 +380,23 @@ impl Leased {
         }
     }
 
-    /// Gives back every slice of a current window: the counters that cooled down, or all of
-    /// them (shutdown). Returns once the returns are answered.
-    async fn give_back_where(&self, idle_since: Option<Micros>) {
+    /// Gives back the slices of the counters idle for `idle_for` by their store's clock, or
+    /// of all of them (shutdown), and forgets those counters once no call of theirs is in
+    /// flight. Returns once the returns are answered.
+    async fn give_back_where(&self, idle_for: Option<Micros>) {
         let returns: Vec<(Hit, Micros)> = {
-            let mut counters = self.counters();
+            let mut book = self.book();
             let mut returns = Vec::new();
-            counters.retain(|_, followed| {
-                let idle = idle_since.is_none_or(|since| followed.last_used < since);
-                if idle {
-                    let now = self.leases.instant(&followed.hit);
-                    if let (Some(slice), Ok(now)) = (followed.slice.take(), now) {
-                        returns.extend(slice.unused_of_current(&followed.hit, now));
-                    }
+            book.counters.retain(|_, followed| {
+                let Ok(now) = self.leases.instant(&followed.hit) else {
+                    return true;
+                };
+                let idle =
+                    idle_for.is_none_or(|idle| followed.last_used.saturating_add(idle) < now);
+                if idle && !followed.calling {
+                    returns.extend(followed.give_back_slice(now));
                 }
-                !idle || followed.leasing
+                !idle || followed.calling
             });
             returns
         };
@@ -291,18 +404,13 @@ impl Leased {
         futures_util::future::join_all(giving).await;
     }
 
-    /// The store's instant now, if any counter is followed (the cool-down's clock).
-    fn latest(&self) -> Option<Micros> {
-        let counters = self.counters();
-        let followed = counters.values().next()?;
-        self.leases.instant(&followed.hit).ok()
-    }
-
-    /// Forgets the slices of these counters (a reset: the store forgets what was leased).
+    /// Forgets the slices of these counters (a reset: the store forgets what was leased),
+    /// and every grant asked for before.
     pub fn forget(&self, hits: &[Hit]) {
-        let mut counters = self.counters();
+        let mut book = self.book();
+        book.resets += 1;
         for hit in hits {
-            counters.remove(&hit.key);
+            book.counters.remove(&hit.key);
         }
     }
 }
@@ -321,13 +429,16 @@ impl HeldLeases for Leased {
 #[tonic::async_trait]
 impl CounterStore for Leased {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-        if let Some(first) = hits.iter().find(|hit| self.leasable(hit))
-            && let Ok(now) = self.leases.instant(first)
-            && let Some(outcomes) = self.answer_from_slices(hits, now)
-        {
+        if !hits.iter().any(|hit| self.leasable(hit)) {
+            return self.store.apply(hits).await;
+        }
+        let nows = self.instants(hits);
+        if let Some(outcomes) = self.answer_from_slices(hits, &nows) {
             return Ok(outcomes);
         }
-        self.store.apply(hits).await
+        let outcomes = self.store.apply(hits).await?;
+        self.learn(hits, &outcomes, &nows);
+        Ok(outcomes)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -345,13 +456,9 @@ async fn cool_down(leased: Weak<Leased>) {
         let Some(leased) = leased.upgrade() else {
             return;
         };
-        let Some(now) = leased.latest() else {
-            continue;
-        };
-        leased
-            .give_back_where(Some(now.saturating_sub(COOL_AFTER)))
-            .await;
-        leased.metrics.followed(leased.counters().len());
+        leased.give_back_where(Some(COOL_AFTER)).await;
+        let followed = leased.book().counters.len();
+        leased.metrics.followed(followed);
     }
 }
 

@@ -165,8 +165,10 @@ pub trait CounterLease: Send + Sync + 'static {
     /// replica tracks it).
     fn instant(&self, hit: &Hit) -> Result<Micros, StoreError>;
 
-    /// Takes up to `hit.hits` of the budget of `hit`'s counter in the window of `at`.
-    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError>;
+    /// Takes up to `hit.hits` of the budget of `hit`'s counter in the window of `at`; `held`
+    /// is what this replica believes it holds of that window's budget (granted, less what it
+    /// asked to give back), which the store checks (`Grant::intact`).
+    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError>;
 
     /// Gives back up to `hit.hits` that this replica leased in the window of `at`; answers
     /// the hits given back.
@@ -192,6 +194,9 @@ pub struct Grant {
     pub count: u64,
     /// How many replicas hold (or held, this window) part of the counter's budget.
     pub holders: u64,
+    /// Whether the store still counts what this replica believed it held: if not, the counter
+    /// was reset, flushed or rolled back since its earlier leases, whose slices are stale.
+    pub intact: bool,
 }
 
 /// Sharing RLQS demand between the replicas of a shared store.

@@ -78,33 +78,12 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
     ready(&b).await;
     let now = a.instant(&hit("r", 100, 0)).unwrap();
 
-    let grant = a.lease(&hit("r", 100, 60), now).await.unwrap();
-    assert_eq!(
-        grant,
-        Grant {
-            granted: 60,
-            count: 60,
-            holders: 1
-        }
-    );
-    let grant = b.lease(&hit("r", 100, 60), now).await.unwrap();
-    assert_eq!(
-        grant,
-        Grant {
-            granted: 40,
-            count: 100,
-            holders: 2
-        }
-    );
-    let grant = b.lease(&hit("r", 100, 5), now).await.unwrap();
-    assert_eq!(
-        grant,
-        Grant {
-            granted: 0,
-            count: 100,
-            holders: 2
-        }
-    );
+    let grant = a.lease(&hit("r", 100, 60), now, 0).await.unwrap();
+    assert_eq!(grant, granted(60, 60, 1, true));
+    let grant = b.lease(&hit("r", 100, 60), now, 0).await.unwrap();
+    assert_eq!(grant, granted(40, 100, 2, true));
+    let grant = b.lease(&hit("r", 100, 5), now, 40).await.unwrap();
+    assert_eq!(grant, granted(0, 100, 2, true));
     // Budget leased is counted: a hit decided by the store finds none left.
     let outcome = tollgate::storage::CounterStore::apply(&*a, &[hit("r", 100, 1)])
         .await
@@ -122,18 +101,14 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
         "40"
     );
 
-    // After a reset, what was leased before takes back nothing counted since.
-    a.forget(&[hit("r", 100, 0)]).await.unwrap();
-    let grant = a.lease(&hit("r", 100, 30), now).await.unwrap();
-    assert_eq!(
-        grant,
-        Grant {
-            granted: 30,
-            count: 30,
-            holders: 1
-        }
-    );
-    assert_eq!(b.give_back_lease(&hit("r", 100, 40), now).await.unwrap(), 0);
+    // After a reset, what was leased before takes back nothing counted since, and a lease
+    // tells its holder that what it held is gone.
+    b.forget(&[hit("r", 100, 0)]).await.unwrap();
+    let grant = a.lease(&hit("r", 100, 30), now, 0).await.unwrap();
+    assert_eq!(grant, granted(30, 30, 1, true));
+    let grant = b.lease(&hit("r", 100, 5), now, 40).await.unwrap();
+    assert_eq!(grant, granted(5, 35, 2, false));
+    assert_eq!(b.give_back_lease(&hit("r", 100, 40), now).await.unwrap(), 5);
     assert_eq!(
         server.query(&["GET", &redis_key(&hit("r", 100, 0), now)]),
         "30"
@@ -141,15 +116,17 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
 
     // The next window starts with its whole budget.
     let next = now + MINUTE;
-    let grant = b.lease(&hit("r", 100, 70), next).await.unwrap();
-    assert_eq!(
-        grant,
-        Grant {
-            granted: 70,
-            count: 70,
-            holders: 1
-        }
-    );
+    let grant = b.lease(&hit("r", 100, 70), next, 0).await.unwrap();
+    assert_eq!(grant, granted(70, 70, 1, true));
+}
+
+fn granted(granted: u64, count: u64, holders: u64, intact: bool) -> Grant {
+    Grant {
+        granted,
+        count,
+        holders,
+        intact,
+    }
 }
 
 /// The counter's key in Redis at `now` (no prefix): the key and its window's number.
@@ -374,7 +351,9 @@ async fn a_rule_that_leases_answers_from_slices_and_the_others_call_per_request(
     let key = counter_key("api", [("route", EntryValue::Actual("all"))], &params);
     let counter = format!("{}:{}", key.as_str(), server.clock.now() / MINUTE);
     assert_eq!(redis.query(&["GET", &counter]), "1000");
-    let tally = redis.try_query(&["HVALS", &format!("{counter}:leases")]).unwrap();
+    let tally = redis
+        .try_query(&["HVALS", &format!("{counter}:leases")])
+        .unwrap();
     let held: Vec<u64> = redis::from_redis_value(tally).unwrap();
     assert_eq!(held, [from_slices]);
 }

@@ -1,30 +1,38 @@
 //! What this replica holds of one counter: a slice of a window's budget (`Slice`), the
-//! counter's recent demand (`Demand`), both under the counter's key (`Followed`); and the
-//! request answered from slices (`take`).
+//! counter's recent demand (`Demand`), both under the counter's key (`Followed`); which
+//! counters are busy enough to follow (`Spotter`); and the request answered from slices
+//! (`take`).
 
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 
 use crate::algorithm::Outcome;
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::CounterKey;
 use crate::storage::{Hit, Role};
 
-/// Counters whose demand is followed at once; past it, new ones are decided per request.
+/// Counters followed at once; past it, no new one is (the spotter keeps cold counters out,
+/// so only a fleet of busy ones reaches it).
 pub(super) const MAX_FOLLOWED: usize = 65_536;
 
 /// A counter this replica follows: its recent demand, and its slice if it holds one.
 pub(super) struct Followed {
-    /// A hit of the counter, to lease and return with.
+    /// A hit of the counter, to lease and return with: its limit as the rules say now.
     pub(super) hit: Hit,
     pub(super) demand: Demand,
     pub(super) slice: Option<Slice>,
-    /// A lease call in flight.
-    pub(super) leasing: bool,
-    /// What the last grant said, with the window it was in: what nobody holds (the limit
-    /// less the count).
+    /// A lease or a return in flight: one call at a time per counter, so that a return
+    /// never lands after a later lease of the same holder (it would take that lease's
+    /// budget back after a reset).
+    pub(super) calling: bool,
+    /// What nobody holds (the limit less the count), as the store last said, with the
+    /// window it was in.
     pub(super) unleased: Option<(u64, u64)>,
     /// The replicas holding slices of the counter, as the last grant said.
     pub(super) holders: u64,
+    /// What this replica believes the counter's lease tally holds for it, with the window:
+    /// granted, less what it asked to give back. A lease checks it (`Grant::intact`).
+    pub(super) tally: (u64, u64),
     pub(super) last_used: Micros,
 }
 
@@ -40,9 +48,9 @@ pub(super) struct Slice {
 }
 
 impl Slice {
-    /// Whether hits at `now` may come out of it: its window, within its life.
-    pub(super) fn usable(&self, hit: &Hit, now: Micros) -> bool {
-        self.window == window_of(hit, now).0 && now < self.until
+    /// Whether hits at `now` may come out of it: within its life, which ends with its window.
+    pub(super) fn usable(&self, now: Micros) -> bool {
+        now < self.until
     }
 
     /// What goes back to the store: the unused budget, while its window is current (a slice
@@ -58,6 +66,45 @@ impl Slice {
                 self.at,
             )
         })
+    }
+}
+
+impl Followed {
+    fn new(hit: &Hit, now: Micros) -> Self {
+        Followed {
+            hit: Hit {
+                descriptor: 0,
+                hits: 0,
+                role: Role::Enforced,
+                ..hit.clone()
+            },
+            demand: Demand::default(),
+            slice: None,
+            calling: false,
+            unleased: None,
+            holders: 0,
+            tally: (0, 0),
+            last_used: now,
+        }
+    }
+
+    /// What this replica believes the tally holds for it in `window`.
+    pub(super) fn held_in(&self, window: u64) -> u64 {
+        match self.tally {
+            (of, held) if of == window => held,
+            _ => 0,
+        }
+    }
+
+    /// Takes the slice out to give back what it holds unused (a return of `hits` at `at`,
+    /// noted in the tally), if its window is current at `now`.
+    pub(super) fn give_back_slice(&mut self, now: Micros) -> Option<(Hit, Micros)> {
+        let slice = self.slice.take()?;
+        let (unused, at) = slice.unused_of_current(&self.hit, now)?;
+        if self.tally.0 == slice.window {
+            self.tally.1 = self.tally.1.saturating_sub(unused.hits);
+        }
+        Some((unused, at))
     }
 }
 
@@ -90,44 +137,103 @@ impl Demand {
     }
 }
 
+/// Which counters are busy, without a map entry per counter seen: a fixed table of slots,
+/// each counting one counter's hits in the current second, a counter's slot picked by its
+/// key's hash. Another counter landing in a taken slot wears the count down before it takes
+/// the slot over, so a busy counter keeps its slot among cold ones (a Misra-Gries count).
+pub(super) struct Spotter {
+    slots: Vec<Spot>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Spot {
+    key: u64,
+    second: u64,
+    count: u64,
+}
+
+const SPOTS: usize = 4_096;
+
+impl Default for Spotter {
+    fn default() -> Self {
+        Self {
+            slots: vec![Spot::default(); SPOTS],
+        }
+    }
+}
+
+impl Spotter {
+    /// Counts `hits` on `key` at `now`; the hits it counted within this second, once they
+    /// reach `rate`.
+    pub(super) fn busy(
+        &mut self,
+        key: &CounterKey,
+        now: Micros,
+        hits: u64,
+        rate: u64,
+    ) -> Option<u64> {
+        let mut hasher = fnv::FnvHasher::default();
+        key.hash(&mut hasher);
+        let digest = hasher.finish();
+        let second = now / MICROS_PER_SECOND;
+        let spot = self.slots.get_mut(digest as usize % SPOTS)?;
+        if spot.second != second {
+            *spot = Spot {
+                key: digest,
+                second,
+                count: 0,
+            };
+        }
+        if spot.key != digest {
+            if spot.count > hits {
+                spot.count -= hits;
+                return None;
+            }
+            spot.key = digest;
+            spot.count = 0;
+        }
+        spot.count = spot.count.saturating_add(hits);
+        (spot.count >= rate).then_some(spot.count)
+    }
+}
+
 /// The window of `hit`'s counter that `now` falls in, and when it ends.
 pub(super) fn window_of(hit: &Hit, now: Micros) -> (u64, Micros) {
     let length = hit.params.window.max(1);
     let window = now / length;
-    (window, (window + 1) * length)
+    (window, window.saturating_add(1).saturating_mul(length))
 }
 
-/// The counter `hit` is followed under, followed from now if there is room.
+/// The counter `hit` is followed under, if it is or, busy now (`busy`: the hits seen this
+/// second, the current ones included, once busy), there is room to follow it. The current
+/// hits are left for the caller to add to its demand.
 pub(super) fn follow<'a>(
     counters: &'a mut HashMap<CounterKey, Followed>,
     hit: &Hit,
     now: Micros,
+    busy: impl FnOnce() -> Option<u64>,
 ) -> Option<&'a mut Followed> {
-    if !counters.contains_key(&hit.key) && counters.len() >= MAX_FOLLOWED {
-        return None;
+    if !counters.contains_key(&hit.key) {
+        if counters.len() >= MAX_FOLLOWED {
+            return None;
+        }
+        let seen = busy()?;
+        let mut followed = Followed::new(hit, now);
+        followed
+            .demand
+            .add(now, seen.saturating_sub(hit.hits.max(1)));
+        counters.insert(hit.key.clone(), followed);
     }
-    Some(counters.entry(hit.key.clone()).or_insert_with(|| Followed {
-        hit: Hit {
-            descriptor: 0,
-            hits: 0,
-            role: Role::Enforced,
-            ..hit.clone()
-        },
-        demand: Demand::default(),
-        slice: None,
-        leasing: false,
-        unleased: None,
-        holders: 0,
-        last_used: now,
-    }))
+    counters.get_mut(&hit.key)
 }
 
 /// Takes every hit from its counter's slice, if each slice holds what the request asks of
-/// it (a counter named twice asks the sum); else leaves every slice as it was.
+/// it (a counter named twice asks the sum); else leaves every slice as it was. `nows`: each
+/// hit's instant, by its store's clock.
 pub(super) fn take(
     counters: &mut HashMap<CounterKey, Followed>,
     hits: &[Hit],
-    now: Micros,
+    nows: &[Micros],
 ) -> Option<Vec<Outcome>> {
     let mut asked: HashMap<&CounterKey, u64> = HashMap::with_capacity(hits.len());
     for hit in hits {
@@ -142,10 +248,10 @@ pub(super) fn take(
         }
     }
     let mut outcomes = Vec::with_capacity(hits.len());
-    for hit in hits {
+    for (hit, &now) in hits.iter().zip(nows) {
         let followed = counters.get_mut(&hit.key)?;
         let slice = followed.slice.as_mut()?;
-        slice.left -= hit.hits;
+        slice.left = slice.left.saturating_sub(hit.hits);
         let unleased = match followed.unleased {
             Some((window, unleased)) if window == slice.window => unleased,
             _ => 0,
@@ -154,7 +260,7 @@ pub(super) fn take(
         outcomes.push(Outcome {
             allowed: true,
             remaining: slice.left.saturating_add(unleased),
-            reset_after: end - now,
+            reset_after: end.saturating_sub(now),
             retry_after: 0,
         });
     }

@@ -18,11 +18,14 @@ use crate::storage::keys::{EntryValue, counter_key};
 const LIMIT: u64 = 60;
 const WINDOW: Micros = 10 * MICROS_PER_SECOND;
 
-/// The store as Redis holds it: a count per window, and each holder's tally.
+/// A counter in a window, as the model keys it.
+type Slot = (String, u64);
+
+/// The store as Redis holds it: a count per counter and window, and each holder's tally.
 #[derive(Default)]
 struct Model {
-    counts: HashMap<u64, u64>,
-    tallies: HashMap<u64, HashMap<String, u64>>,
+    counts: HashMap<Slot, u64>,
+    tallies: HashMap<Slot, HashMap<String, u64>>,
     /// Drives how long each call takes to land (yields of the runtime).
     seed: u64,
 }
@@ -35,6 +38,22 @@ impl Model {
             .wrapping_add(1_442_695_040_888_963_407);
         (self.seed >> 33) % 6
     }
+
+    fn count(&self, hit: &Hit, at: Micros) -> u64 {
+        self.counts.get(&slot(hit, at)).copied().unwrap_or(0)
+    }
+
+    fn held(&self, hit: &Hit, at: Micros, holder: &str) -> u64 {
+        self.tallies
+            .get(&slot(hit, at))
+            .and_then(|tally| tally.get(holder))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+fn slot(hit: &Hit, at: Micros) -> Slot {
+    (hit.key.as_str().to_owned(), at / hit.params.window)
 }
 
 /// One replica's view of the model: its per-request path and its leases, under its name.
@@ -55,25 +74,34 @@ impl View {
 
 #[tonic::async_trait]
 impl CounterStore for View {
-    /// Decides at once (as Redis would at the instant the call carries), answers late.
+    /// Decides at once (as Redis would at the instant the call carries), all or nothing over
+    /// the request's counters, and answers late.
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         let now = self.clock.now();
-        let allowed = {
+        let outcomes = {
             let mut model = self.model.lock().unwrap();
-            let count = model.counts.entry(now / WINDOW).or_default();
-            let asked: u64 = hits.iter().map(|hit| hit.hits).sum();
-            let allowed = *count + asked <= LIMIT;
-            if allowed {
-                *count += asked;
+            let mut asked: HashMap<Slot, u64> = HashMap::new();
+            for hit in hits {
+                *asked.entry(slot(hit, now)).or_default() += hit.hits;
             }
-            allowed
+            let allowed = hits
+                .iter()
+                .all(|hit| model.count(hit, now) + asked[&slot(hit, now)] <= hit.params.requests);
+            if allowed {
+                for (slot, hits) in asked {
+                    *model.counts.entry(slot).or_default() += hits;
+                }
+            }
+            hits.iter()
+                .map(|hit| Outcome {
+                    allowed,
+                    remaining: hit.params.requests.saturating_sub(model.count(hit, now)),
+                    ..Outcome::default()
+                })
+                .collect()
         };
         self.after_delay().await;
-        let outcome = Outcome {
-            allowed,
-            ..Outcome::default()
-        };
-        Ok(vec![outcome; hits.len()])
+        Ok(outcomes)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -87,15 +115,16 @@ impl CounterLease for View {
         Ok(self.clock.now())
     }
 
-    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError> {
+    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
         self.after_delay().await;
         let mut model = self.model.lock().unwrap();
-        let window = at / WINDOW;
-        let count = model.counts.entry(window).or_default();
-        let granted = hit.hits.min(LIMIT.saturating_sub(*count));
-        *count += granted;
-        let count = *count;
-        let tally = model.tallies.entry(window).or_default();
+        let intact = model.held(hit, at, &self.holder) >= held;
+        let granted = hit
+            .hits
+            .min(hit.params.requests.saturating_sub(model.count(hit, at)));
+        *model.counts.entry(slot(hit, at)).or_default() += granted;
+        let count = model.count(hit, at);
+        let tally = model.tallies.entry(slot(hit, at)).or_default();
         if granted > 0 {
             *tally.entry(self.holder.clone()).or_default() += granted;
         }
@@ -103,29 +132,25 @@ impl CounterLease for View {
             granted,
             count,
             holders: tally.len() as u64,
+            intact,
         })
     }
 
     async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {
         self.after_delay().await;
         let mut model = self.model.lock().unwrap();
-        let window = at / WINDOW;
-        let count = model.counts.get(&window).copied().unwrap_or(0);
-        let held = model
-            .tallies
-            .get(&window)
-            .and_then(|tally| tally.get(&self.holder))
-            .copied()
-            .unwrap_or(0);
-        let back = hit.hits.min(held).min(count);
+        let back = hit
+            .hits
+            .min(model.held(hit, at, &self.holder))
+            .min(model.count(hit, at));
         if back > 0 {
             *model
                 .tallies
-                .entry(window)
+                .entry(slot(hit, at))
                 .or_default()
                 .entry(self.holder.clone())
                 .or_default() -= back;
-            *model.counts.entry(window).or_default() -= back;
+            *model.counts.entry(slot(hit, at)).or_default() -= back;
         }
         Ok(back)
     }
@@ -133,8 +158,12 @@ impl CounterLease for View {
 
 #[derive(Debug, Clone, Copy)]
 enum Step {
-    /// A request of `hits` to a replica.
-    Request { replica: usize, hits: u64 },
+    /// A request of `hits` to a replica, on counter A, B, both, or A twice.
+    Request {
+        replica: usize,
+        hits: u64,
+        shape: u8,
+    },
     /// Time passes.
     Advance(Micros),
     /// Calls in flight land.
@@ -149,7 +178,8 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        12 => (0usize..3, 1u64..4).prop_map(|(replica, hits)| Step::Request { replica, hits }),
+        12 => (0usize..3, 1u64..4, 0u8..6)
+            .prop_map(|(replica, hits, shape)| Step::Request { replica, hits, shape }),
         1 => (0u64..2 * MICROS_PER_SECOND).prop_map(Step::Advance),
         2 => Just(Step::Settle),
         1 => (0usize..3).prop_map(Step::Cool),
@@ -159,14 +189,22 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 fn hit(hits: u64) -> Hit {
+    hit_of(LIMIT, hits)
+}
+
+fn hit_of(requests: u64, hits: u64) -> Hit {
+    hit_on("all", requests, hits)
+}
+
+fn hit_on(route: &str, requests: u64, hits: u64) -> Hit {
     let params = Params {
         algorithm: Algorithm::default(),
-        requests: LIMIT,
+        requests,
         window: WINDOW,
     };
     Hit {
         descriptor: 0,
-        key: counter_key("lease", [("route", EntryValue::Actual("all"))], &params),
+        key: counter_key("lease", [("route", EntryValue::Actual(route))], &params),
         params,
         hits,
         role: Role::Enforced,
@@ -209,8 +247,24 @@ async fn settle() {
     }
 }
 
-/// Runs the steps; answers the hits each window admitted.
-async fn run(steps: &[Step], seed: u64) -> HashMap<u64, u64> {
+/// The request of a step's shape: mostly counter A alone, else B alone, both, or A twice.
+fn request(shape: u8, hits: u64) -> Vec<Hit> {
+    let a = hit_on("a", LIMIT, hits);
+    let b = hit_on("b", LIMIT, hits);
+    let mut request = match shape {
+        3 => vec![b],
+        4 => vec![a, b],
+        5 => vec![a.clone(), a],
+        _ => vec![a],
+    };
+    for (descriptor, hit) in request.iter_mut().enumerate() {
+        hit.descriptor = descriptor;
+    }
+    request
+}
+
+/// Runs the steps; answers the hits each counter admitted in each window.
+async fn run(steps: &[Step], seed: u64) -> HashMap<Slot, u64> {
     let clock = ManualClock::at_seconds(1_795_000_000);
     let model = Arc::new(Mutex::new(Model {
         seed,
@@ -226,26 +280,40 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<u64, u64> {
         let replica = fleet.replica();
         fleet.replicas.push(replica);
     }
-    let mut admitted: HashMap<u64, u64> = HashMap::new();
+    let mut admitted: HashMap<Slot, u64> = HashMap::new();
     let mut pending = Vec::new();
     for &step in steps {
         match step {
-            Step::Request { replica, hits } => {
+            Step::Request {
+                replica,
+                hits,
+                shape,
+            } => {
                 let store = Arc::clone(&fleet.replicas[replica]);
                 let clock = clock.clone();
                 // Requests are in flight at once; each is decided at its first poll, in the
-                // window it then falls in.
+                // window it then falls in, and all or nothing.
                 pending.push(tokio::spawn(async move {
-                    let window = clock.now() / WINDOW;
-                    let outcome = store.apply(&[hit(hits)]).await.unwrap();
-                    (window, if outcome[0].allowed { hits } else { 0 })
+                    let now = clock.now();
+                    let request = request(shape, hits);
+                    let outcomes = store.apply(&request).await.unwrap();
+                    let allowed = outcomes.iter().all(|outcome| outcome.allowed);
+                    assert!(
+                        allowed || outcomes.iter().all(|outcome| !outcome.allowed),
+                        "all or nothing: {outcomes:?}"
+                    );
+                    request
+                        .iter()
+                        .map(|hit| (slot(hit, now), if allowed { hit.hits } else { 0 }))
+                        .collect::<Vec<_>>()
                 }));
             }
             Step::Advance(by) => clock.advance(by),
             Step::Settle => settle().await,
             Step::Cool(replica) => {
-                let since = clock.now().saturating_sub(COOL_AFTER);
-                fleet.replicas[replica].give_back_where(Some(since)).await;
+                fleet.replicas[replica]
+                    .give_back_where(Some(COOL_AFTER))
+                    .await;
             }
             Step::ShutDown(replica) => {
                 fleet.replicas[replica].give_back_all().await;
@@ -255,8 +323,9 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<u64, u64> {
         }
     }
     for request in pending {
-        let (window, hits) = request.await.unwrap();
-        *admitted.entry(window).or_default() += hits;
+        for (slot, hits) in request.await.unwrap() {
+            *admitted.entry(slot).or_default() += hits;
+        }
     }
     admitted
 }
@@ -274,8 +343,8 @@ proptest! {
             .build()
             .unwrap();
         let admitted = runtime.block_on(run(&steps, seed));
-        for (window, hits) in admitted {
-            prop_assert!(hits <= LIMIT, "window {window} admitted {hits} of {LIMIT}");
+        for ((counter, window), hits) in admitted {
+            prop_assert!(hits <= LIMIT, "{counter} admitted {hits} of {LIMIT} in window {window}");
         }
     }
 }
@@ -305,16 +374,29 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
     let leased = replica.metrics.leased_hits.get();
     assert_eq!(
         leased, MIN_SLICE,
-        "8 hits a second, 200 ms of them, at least MIN_SLICE"
+        "8 hits a second, 500 ms of them, at least MIN_SLICE"
     );
     // Answered from the slice: this replica's slice less the hits it answered, and what
-    // nobody holds: the limit less the store's count (the hits it decided and the lease).
+    // nobody holds as the store last said (its last answer or grant).
     let answered = replica.metrics.from_slice.get();
     let outcome = replica.apply(&[hit(1)]).await.unwrap()[0];
     assert!(outcome.allowed);
     assert_eq!(replica.metrics.from_slice.get(), answered + 1);
-    let count = fleet.model.lock().unwrap().counts[&(clock.now() / WINDOW)];
-    assert_eq!(outcome.remaining, (leased - answered - 1) + (LIMIT - count));
+    let unleased = replica
+        .book()
+        .counters
+        .values()
+        .next()
+        .unwrap()
+        .unleased
+        .unwrap()
+        .1;
+    let count = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    assert!(
+        unleased >= LIMIT - count,
+        "{unleased} unleased, {count} counted"
+    );
+    assert_eq!(outcome.remaining, (leased - answered - 1) + unleased);
     assert_eq!(outcome.reset_after, WINDOW - clock.now() % WINDOW);
     // A request naming a counter that is not leased goes to the store whole.
     let cold = Hit {
@@ -324,6 +406,105 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
     let outcomes = replica.apply(&[hit(1), cold]).await.unwrap();
     assert!(outcomes.iter().all(|outcome| outcome.allowed));
     assert_eq!(replica.metrics.from_slice.get(), answered + 1);
-    let after = fleet.model.lock().unwrap().counts[&(clock.now() / WINDOW)];
+    let after = fleet.model.lock().unwrap().count(&hit(1), clock.now());
     assert_eq!(after, count + 2);
+}
+
+#[tokio::test]
+async fn a_refill_after_a_reset_drops_the_stale_slice() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet {
+        model: Arc::new(Mutex::new(Model::default())),
+        clock: clock.clone(),
+        replicas: Vec::new(),
+        made: 0,
+    };
+    let replica = fleet.replica();
+    let slice_left = |replica: &Arc<Leased>| {
+        let book = replica.book();
+        let followed = book.counters.values().next()?;
+        followed.slice.map(|slice| slice.left)
+    };
+    for _ in 0..20 {
+        replica.apply(&[hit_of(10_000, 1)]).await.unwrap();
+    }
+    settle().await;
+    assert!(
+        slice_left(&replica).unwrap_or(0) > 0,
+        "a slice after 20 busy requests"
+    );
+    // The store forgets the counter and its tally (a reset, a flush): the next refill finds
+    // the tally short, and the slice it had is dropped, not topped up.
+    let counter = slot(&hit_of(10_000, 1), clock.now());
+    {
+        let mut model = fleet.model.lock().unwrap();
+        model.counts.remove(&counter);
+        model.tallies.remove(&counter);
+    }
+    let leases = replica.metrics.leases.get();
+    for _ in 0..100 {
+        if replica.metrics.leases.get() > leases {
+            break;
+        }
+        replica.apply(&[hit_of(10_000, 1)]).await.unwrap();
+        settle().await;
+    }
+    assert!(
+        replica.metrics.leases.get() > leases,
+        "a refill after the reset"
+    );
+    let counted = fleet.model.lock().unwrap().counts[&counter];
+    let left = slice_left(&replica).unwrap_or(0);
+    assert!(
+        left <= counted,
+        "the slice ({left}) holds no more than the store counted since the reset ({counted})"
+    );
+}
+
+#[tokio::test]
+async fn a_limit_lowered_by_the_rules_is_leased_under_its_new_value() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet {
+        model: Arc::new(Mutex::new(Model::default())),
+        clock: clock.clone(),
+        replicas: Vec::new(),
+        made: 0,
+    };
+    let replica = fleet.replica();
+    for _ in 0..200 {
+        replica.apply(&[hit_of(1_000, 1)]).await.unwrap();
+    }
+    settle().await;
+    assert!(
+        replica.metrics.from_slice.get() > 100,
+        "busy on the first limit"
+    );
+    // The rules now say 100, for the same counter (the key does not carry the limit): the
+    // next window admits 100, not what the old limit would lease.
+    clock.advance(WINDOW);
+    let mut admitted = 0;
+    for _ in 0..400 {
+        let outcome = replica.apply(&[hit_of(100, 1)]).await.unwrap()[0];
+        admitted += u64::from(outcome.allowed);
+        settle().await;
+    }
+    assert_eq!(admitted, 100);
+    // And in the first window too, nothing more is admitted once the new limit is passed.
+    clock.advance(WINDOW);
+    for _ in 0..200 {
+        replica.apply(&[hit_of(1_000, 1)]).await.unwrap();
+    }
+    settle().await;
+    let count = fleet
+        .model
+        .lock()
+        .unwrap()
+        .count(&hit_of(1_000, 1), clock.now());
+    assert!(count > 100);
+    let mut late = 0;
+    for _ in 0..50 {
+        late += u64::from(replica.apply(&[hit_of(100, 1)]).await.unwrap()[0].allowed);
+        settle().await;
+    }
+    assert_eq!(late, 0, "{count} counted under the old limit");
 }

@@ -13,11 +13,12 @@ impl CounterLease for RedisStore {
         self.now()
     }
 
-    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError> {
+    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
         let connection = self.pool.connection()?;
         let op = Op::Lease {
             at,
             holder: &self.holder,
+            held,
         };
         let call = self.call(op, std::slice::from_ref(hit), None, true);
         let sent = tokio::time::timeout(self.options.timeout, connection.send_call(&call));

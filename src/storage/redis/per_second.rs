@@ -127,8 +127,8 @@ impl CounterLease for PerSecondSplit {
         self.store_of(hit).instant(hit)
     }
 
-    async fn lease(&self, hit: &Hit, at: Micros) -> Result<Grant, StoreError> {
-        self.store_of(hit).lease(hit, at).await
+    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
+        self.store_of(hit).lease(hit, at, held).await
     }
 
     async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {

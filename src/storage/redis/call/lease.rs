@@ -5,7 +5,9 @@
 //! counter, the lease tally (a hash: holder → what it was granted and has not returned)
 //! bounds what a holder can give back (`LeaseReturn`) by what it took since the counter was
 //! last emptied, so a return never takes away hits that others counted after a reset, a flush
-//! or a failover.
+//! or a failover. The holder says what it believes the tally holds for it: less than that
+//! means the counter was reset, flushed or rolled back since, and the holder's earlier slices
+//! of the window are stale (`Grant::intact`).
 
 use redis::{Cmd, Value};
 
@@ -14,14 +16,15 @@ use super::{Call, Layout, Op};
 use crate::storage::{Grant, StoreError};
 
 pub fn encode(call: &Call<'_>, command: &mut Cmd) {
-    let (Some(hit), Op::Lease { holder, .. }) = (call.hits.first(), call.op) else {
+    let (Some(hit), Op::Lease { holder, held, .. }) = (call.hits.first(), call.op) else {
         return;
     };
     command
         .arg(hit.params.requests)
         .arg(hit.hits)
         .arg(counter_ttl_ms(&hit.params, call.instant(), call.grace_ms))
-        .arg(holder);
+        .arg(holder)
+        .arg(held);
 }
 
 pub fn decode(call: &Call<'_>, reply: Value) -> Result<Grant, StoreError> {
@@ -33,12 +36,13 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Grant, StoreError> {
         Some(Value::Int(value)) => u64::try_from(*value).map_err(|_| malformed()),
         _ => Err(malformed()),
     };
-    if numbers.len() != 3 {
+    if numbers.len() != 4 {
         return Err(malformed());
     }
     Ok(Grant {
         granted: number(0)?,
         count: number(1)?,
         holders: number(2)?,
+        intact: number(3)? == 1,
     })
 }

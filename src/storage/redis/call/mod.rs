@@ -117,8 +117,12 @@ pub enum Op<'a> {
         expected: &'a [Option<State>],
     },
     /// Takes up to the one hit's `hits` of its window's budget at `at` for `holder` (a
-    /// replica's name).
-    Lease { at: Micros, holder: &'a str },
+    /// replica's name), which believes the counter's tally holds `held` for it.
+    Lease {
+        at: Micros,
+        holder: &'a str,
+        held: u64,
+    },
     /// Gives back up to the one hit's `hits` that `holder` leased in the window of `at`.
     LeaseReturn { at: Micros, holder: &'a str },
 }

@@ -19,11 +19,12 @@ local function lease_return(keys, argv)
   if back <= 0 then
     return 0
   end
+  local amount = string.format('%d', back)
   if back == held then
     redis.call('HDEL', keys[2], holder)
   else
-    redis.call('HINCRBY', keys[2], holder, -back)
+    redis.call('HINCRBY', keys[2], holder, '-' .. amount)
   end
-  redis.call('DECRBY', keys[1], back)
+  redis.call('DECRBY', keys[1], amount)
   return back
 end

@@ -57,6 +57,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--lease auto (TOLLGATE_LEASE) cannot be combined with --count-denied: a leased slice cannot count denied hits"
         );
     }
+    if args.store.lease == LeaseMode::Auto && args.store.deny_cache_max_ttl.is_zero() {
+        anyhow::bail!(
+            "--lease auto (TOLLGATE_LEASE) needs --deny-cache-max-ttl above 0s: a leased slice lives that long"
+        );
+    }
     let store = build_store(&args.store.spec()?, &args.store_options(), &options.metrics);
     let listen = &args.listen;
     let mut listeners = match &listen.grpc_uds {

@@ -71,8 +71,10 @@ where
         Some(cache) => Arc::clone(cache) as Arc<dyn CounterStore>,
         None => guarded,
     };
-    // Leases hand out budget counted as hits, which cannot also count denied hits.
-    let leases = (options.charge == Charge::IfAllowed).then(|| {
+    // Leases hand out budget counted as hits, which cannot also count denied hits; and a
+    // slice lives --deny-cache-max-ttl, which at 0 leaves nothing to answer from.
+    let leasing = options.charge == Charge::IfAllowed && !options.deny_cache_max_ttl.is_zero();
+    let leases = leasing.then(|| {
         let settings = LeaseSettings {
             by_default: options.lease == LeaseMode::Auto,
             busy_rate: options.lease_busy_rate,

@@ -470,3 +470,27 @@ async fn grpc_is_served_on_a_unix_socket_when_asked() {
         "no TCP gRPC listener"
     );
 }
+
+#[test]
+fn leases_are_refused_where_a_slice_could_not_be_exact() {
+    for (flags, says) in [
+        (
+            ["--count-denied", "--deny-cache-max-ttl", "1s"],
+            "--lease auto (TOLLGATE_LEASE) cannot be combined with --count-denied",
+        ),
+        (
+            ["--count-denied=false", "--deny-cache-max-ttl", "0s"],
+            "--lease auto (TOLLGATE_LEASE) needs --deny-cache-max-ttl above 0s",
+        ),
+    ] {
+        let output = run(&[
+            &["serve", "--config", "examples/config", "--lease", "auto"][..],
+            &flags[..],
+            &["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"][..],
+        ]
+        .concat());
+        assert_eq!(output.status.code(), Some(2), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+    }
+}

@@ -220,6 +220,19 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// No replica yet, on a fresh model whose calls land after delays drawn from `seed`.
+    fn new(clock: &ManualClock, seed: u64) -> Self {
+        Fleet {
+            model: Arc::new(Mutex::new(Model {
+                seed,
+                ..Model::default()
+            })),
+            clock: clock.clone(),
+            replicas: Vec::new(),
+            made: 0,
+        }
+    }
+
     fn replica(&mut self) -> Arc<Leased> {
         self.made += 1;
         let view = Arc::new(View {
@@ -266,16 +279,7 @@ fn request(shape: u8, hits: u64) -> Vec<Hit> {
 /// Runs the steps; answers the hits each counter admitted in each window.
 async fn run(steps: &[Step], seed: u64) -> HashMap<Slot, u64> {
     let clock = ManualClock::at_seconds(1_795_000_000);
-    let model = Arc::new(Mutex::new(Model {
-        seed,
-        ..Model::default()
-    }));
-    let mut fleet = Fleet {
-        model,
-        clock: clock.clone(),
-        replicas: Vec::new(),
-        made: 0,
-    };
+    let mut fleet = Fleet::new(&clock, seed);
     for _ in 0..3 {
         let replica = fleet.replica();
         fleet.replicas.push(replica);
@@ -352,12 +356,7 @@ proptest! {
 #[tokio::test]
 async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store() {
     let clock = ManualClock::at_seconds(1_795_000_000);
-    let mut fleet = Fleet {
-        model: Arc::new(Mutex::new(Model::default())),
-        clock: clock.clone(),
-        replicas: Vec::new(),
-        made: 0,
-    };
+    let mut fleet = Fleet::new(&clock, 0);
     let replica = fleet.replica();
     // Below the busy rate (5 a second), every request goes to the store.
     for _ in 0..4 {
@@ -413,12 +412,7 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
 #[tokio::test]
 async fn a_refill_after_a_reset_drops_the_stale_slice() {
     let clock = ManualClock::at_seconds(1_795_000_000);
-    let mut fleet = Fleet {
-        model: Arc::new(Mutex::new(Model::default())),
-        clock: clock.clone(),
-        replicas: Vec::new(),
-        made: 0,
-    };
+    let mut fleet = Fleet::new(&clock, 0);
     let replica = fleet.replica();
     let slice_left = |replica: &Arc<Leased>| {
         let book = replica.book();
@@ -464,12 +458,7 @@ async fn a_refill_after_a_reset_drops_the_stale_slice() {
 #[tokio::test]
 async fn a_limit_lowered_by_the_rules_is_leased_under_its_new_value() {
     let clock = ManualClock::at_seconds(1_795_000_000);
-    let mut fleet = Fleet {
-        model: Arc::new(Mutex::new(Model::default())),
-        clock: clock.clone(),
-        replicas: Vec::new(),
-        made: 0,
-    };
+    let mut fleet = Fleet::new(&clock, 0);
     let replica = fleet.replica();
     for _ in 0..200 {
         replica.apply(&[hit_of(1_000, 1)]).await.unwrap();

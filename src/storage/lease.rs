@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::keys::CounterKey;
-use super::{CounterLease, CounterStore, Grant, HeldLeases, Hit, Role, StoreError};
+use super::{CounterLease, CounterStore, HeldLeases, Hit, Role, StoreError};
 use crate::algorithm::{Algorithm, Anchor, Outcome, Params};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::limit::Lease;
 use crate::metrics::Metrics;
 use crate::metrics::lease::LeaseMetrics;
 use crate::storage::PerHit;
-use slice::{Followed, Slice, Spotter, follow, take, window_of};
+use slice::{Followed, Spotter, follow, take, window_of};
 
 /// How this replica leases (`--lease` and its companions).
 #[derive(Debug, Clone, Copy)]
@@ -269,117 +269,6 @@ impl Leased {
         (want >= MIN_SLICE).then_some(want)
     }
 
-    /// Asks for a lease in the background.
-    fn spawn_lease(&self, asked: Asked) {
-        let Some(me) = self.me.upgrade() else {
-            return;
-        };
-        tokio::spawn(async move {
-            let result = me.leases.lease(&asked.hit, asked.at, asked.held).await;
-            me.granted(&asked, result);
-        });
-    }
-
-    /// Adds what a lease granted to the counter's slice of that window, and lets the slice
-    /// live `slice_life` from the lease: the store found the slice's budget still counted.
-    /// If it did not (a reset, a flush, a failover since), the slice is stale and replaced by
-    /// the grant. A grant for a window that has ended meanwhile is dropped (its counter ends
-    /// with it); one asked for under another limit, or before a reset of this replica's, goes
-    /// back at once.
-    fn granted(&self, asked: &Asked, result: Result<Grant, StoreError>) {
-        let mut book = self.book();
-        let resets = book.resets;
-        let followed = book.counters.get_mut(&asked.hit.key);
-        let grant = match result {
-            Ok(grant) => grant,
-            Err(error) => {
-                tracing::debug!(%error, "a lease call failed; the counter is decided per request");
-                self.metrics.failed.inc();
-                if let Some(followed) = followed {
-                    followed.calling = false;
-                }
-                return;
-            }
-        };
-        self.metrics.taken(grant.granted);
-        let hit = &asked.hit;
-        let followed = match followed {
-            Some(followed) if resets == asked.resets && followed.hit.params == hit.params => {
-                followed
-            }
-            followed => {
-                if let Some(followed) = followed {
-                    followed.calling = false;
-                }
-                drop(book);
-                let unused = Hit {
-                    hits: grant.granted,
-                    ..hit.clone()
-                };
-                if grant.granted > 0 {
-                    self.spawn_return(unused, asked.at);
-                }
-                return;
-            }
-        };
-        followed.calling = false;
-        let (window, end) = window_of(hit, asked.at);
-        followed.holders = grant.holders;
-        followed.unleased = Some((window, hit.params.requests.saturating_sub(grant.count)));
-        if !grant.intact {
-            tracing::debug!(
-                "a leased counter was reset, flushed or rolled back; its slice is dropped"
-            );
-            followed.tally = (window, 0);
-            followed.slice = followed.slice.filter(|slice| slice.window != window);
-        }
-        if followed.tally.0 == window {
-            followed.tally.1 = followed.tally.1.saturating_add(grant.granted);
-        } else {
-            followed.tally = (window, grant.granted);
-        }
-        let until = asked.at.saturating_add(self.settings.slice_life).min(end);
-        match &mut followed.slice {
-            Some(slice) if slice.window == window => {
-                slice.left = slice.left.saturating_add(grant.granted);
-                slice.until = slice.until.max(until);
-            }
-            Some(slice) if slice.window > window => {}
-            _ if grant.granted == 0 => {}
-            _ => {
-                followed.slice = Some(Slice {
-                    window,
-                    at: asked.at,
-                    left: grant.granted,
-                    until,
-                })
-            }
-        }
-    }
-
-    /// Gives back in the background; the counter's next lease waits for the answer.
-    fn spawn_return(&self, hit: Hit, at: Micros) {
-        let Some(me) = self.me.upgrade() else {
-            return;
-        };
-        tokio::spawn(async move {
-            me.give_back(&hit, at).await;
-            if let Some(followed) = me.book().counters.get_mut(&hit.key) {
-                followed.calling = false;
-            }
-        });
-    }
-
-    async fn give_back(&self, hit: &Hit, at: Micros) {
-        match self.leases.give_back_lease(hit, at).await {
-            Ok(back) => self.metrics.returned(back),
-            Err(error) => {
-                tracing::debug!(%error, "returning a lease's unused budget failed; the counter under-admits until its window ends");
-                self.metrics.failed.inc();
-            }
-        }
-    }
-
     /// Gives back the slices of the counters idle for `idle_for` by their store's clock, or
     /// of all of them (shutdown), and forgets those counters once no call of theirs is in
     /// flight. Returns once the returns are answered.
@@ -462,6 +351,7 @@ async fn cool_down(leased: Weak<Leased>) {
     }
 }
 
+mod calls;
 mod slice;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::clock::{Clock, ManualClock};
+use crate::storage::Grant;
 use crate::storage::keys::{EntryValue, counter_key};
 
 const LIMIT: u64 = 60;

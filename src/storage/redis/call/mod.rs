@@ -98,6 +98,11 @@ impl Layout {
         }
     }
 
+    /// Whether the layout decides hits: the lease layouts hand out and take back budget.
+    pub fn decides(self) -> bool {
+        !matches!(self, Layout::Lease | Layout::LeaseReturn)
+    }
+
     /// Whether the call also declares its counter's lease tally, after the counter.
     pub fn declares_tally(self) -> bool {
         matches!(self, Layout::Lease | Layout::LeaseReturn)

@@ -12,8 +12,8 @@ pub struct LeaseMetrics {
     pub leased_hits: Counter,
     pub returned_hits: Counter,
     pub from_slice: Counter,
-    /// Requests on a leasable counter decided by the store while a lease for it was in
-    /// flight: the slice ran out before the next one came.
+    /// Requests on leasable counters only, decided by the store while a lease or return of
+    /// one of them was in flight: mostly, the slice ran out before the next one came.
     pub while_leasing: Counter,
     pub failed: Counter,
     pub followed: Gauge,
@@ -43,7 +43,7 @@ impl LeaseMetrics {
         );
         registry.register(
             "lease_waited_decisions",
-            "Requests on a leased counter sent to the store while its next lease was in flight (its slice ran out first)",
+            "Requests on leased counters sent to the store while a lease or return of one was in flight (mostly: its slice ran out first)",
             self.while_leasing.clone(),
         );
         registry.register(

@@ -68,6 +68,16 @@ struct Book {
     spotter: Spotter,
     /// Resets of counters so far: a grant asked for before one is not trusted.
     resets: u64,
+    /// Calls made so far, which number the next (`Followed::call`).
+    calls: u64,
+}
+
+impl Book {
+    /// The number of a new call.
+    fn call(calls: &mut u64) -> u64 {
+        *calls += 1;
+        *calls
+    }
 }
 
 /// Whether a limit's counter is leased while busy: a fixed window aligned on the epoch, large
@@ -87,13 +97,18 @@ pub fn leased_when_busy(lease: Lease, params: &Params, by_default: bool) -> bool
 }
 
 /// A lease asked for: the hit to lease with (`hits` asked), its instant, what this replica
-/// believes it holds of the window, and the resets seen when it was asked.
+/// believes it holds of the window, the resets seen when it was asked, and its number.
 struct Asked {
     hit: Hit,
     at: Micros,
     held: u64,
     resets: u64,
+    call: u64,
 }
+
+/// A return to send: the hit to give back (`hits` unused), the instant of its window, the
+/// call's number.
+type Return = (Hit, Micros, u64);
 
 impl Leased {
     pub fn new(
@@ -167,15 +182,16 @@ impl Leased {
                 followed.hit.params = hit.params;
                 followed.unleased = None;
             }
-            let stale = followed.slice.is_some_and(|slice| !slice.usable(now));
+            let stale = followed.slice.is_some_and(|slice| !slice.usable(hit, now));
             if changed || stale {
-                // One call at a time per counter: with a lease in flight, what the slice
+                // One call at a time per counter: with a call in flight, what the slice
                 // holds is not given back (the window under-admits by it).
-                if followed.calling {
+                if followed.call.is_some() {
                     followed.slice = None;
-                } else if let Some(unused) = followed.give_back_slice(now) {
-                    followed.calling = true;
-                    returns.push(unused);
+                } else if let Some((unused, at)) = followed.give_back_slice(now) {
+                    let call = Book::call(&mut book.calls);
+                    followed.call = Some(call);
+                    returns.push((unused, at, call));
                 }
             }
         }
@@ -186,10 +202,11 @@ impl Leased {
             None
         };
         let waited = outcomes.is_none()
+            && hits.iter().all(|hit| self.leasable(hit))
             && hits.iter().any(|hit| {
                 book.counters
                     .get(&hit.key)
-                    .is_some_and(|followed| followed.calling)
+                    .is_some_and(|followed| followed.call.is_some())
             });
         let mut leases = Vec::new();
         for (hit, now) in hits.iter().zip(nows) {
@@ -199,7 +216,8 @@ impl Leased {
             let Some(want) = self.next_lease(followed, now) else {
                 continue;
             };
-            followed.calling = true;
+            let call = Book::call(&mut book.calls);
+            followed.call = Some(call);
             leases.push(Asked {
                 hit: Hit {
                     hits: want,
@@ -208,14 +226,15 @@ impl Leased {
                 at: now,
                 held: followed.held_in(window_of(hit, now).0),
                 resets: book.resets,
+                call,
             });
         }
         drop(guard);
         for asked in leases {
             self.spawn_lease(asked);
         }
-        for (hit, at) in returns {
-            self.spawn_return(hit, at);
+        for (hit, at, call) in returns {
+            self.spawn_return(hit, at, call);
         }
         if outcomes.is_some() {
             self.metrics.from_slice.inc();
@@ -242,7 +261,7 @@ impl Leased {
     /// slice has run below half of what its demand calls for.
     fn next_lease(&self, followed: &Followed, now: Micros) -> Option<u64> {
         let rate = followed.demand.rate();
-        if followed.calling || rate < self.settings.busy_rate {
+        if followed.call.is_some() || rate < self.settings.busy_rate {
             return None;
         }
         let (window, _) = window_of(&followed.hit, now);
@@ -271,35 +290,57 @@ impl Leased {
 
     /// Gives back the slices of the counters idle for `idle_for` by their store's clock, or
     /// of all of them (shutdown), and forgets those counters once no call of theirs is in
-    /// flight. Returns once the returns are answered.
+    /// flight (a counter with one gives back at the next pass, or, at shutdown, not at all).
+    /// Returns once the returns are answered.
     async fn give_back_where(&self, idle_for: Option<Micros>) {
-        let returns: Vec<(Hit, Micros)> = {
-            let mut book = self.book();
+        let returns: Vec<Return> = {
+            let mut guard = self.book();
+            let book = &mut *guard;
             let mut returns = Vec::new();
+            let calls = &mut book.calls;
             book.counters.retain(|_, followed| {
                 let Ok(now) = self.leases.instant(&followed.hit) else {
                     return true;
                 };
                 let idle =
                     idle_for.is_none_or(|idle| followed.last_used.saturating_add(idle) < now);
-                if idle && !followed.calling {
-                    returns.extend(followed.give_back_slice(now));
+                if !idle || followed.call.is_some() {
+                    return true;
                 }
-                !idle || followed.calling
+                let Some((unused, at)) = followed.give_back_slice(now) else {
+                    return false;
+                };
+                let call = Book::call(calls);
+                followed.call = Some(call);
+                returns.push((unused, at, call));
+                true
             });
             returns
         };
-        let giving = returns.iter().map(|(hit, at)| self.give_back(hit, *at));
+        let giving = returns.iter().map(|(hit, at, call)| async move {
+            self.give_back(hit, *at).await;
+            self.ended(&hit.key, *call);
+        });
         futures_util::future::join_all(giving).await;
     }
 
-    /// Forgets the slices of these counters (a reset: the store forgets what was leased),
-    /// and every grant asked for before.
+    /// Ends the call numbered `call` on the counter of `key`, if it is the one in flight.
+    fn ended(&self, key: &CounterKey, call: u64) {
+        if let Some(followed) = self.book().counters.get_mut(key) {
+            followed.ended(call);
+        }
+    }
+
+    /// Forgets the slices of these counters and what they held (a reset: the store forgets
+    /// what was leased), and every grant asked for before. Called before the store forgets
+    /// and again after, so that a lease landing in between is not used either.
     pub fn forget(&self, hits: &[Hit]) {
         let mut book = self.book();
         book.resets += 1;
         for hit in hits {
-            book.counters.remove(&hit.key);
+            if let Some(followed) = book.counters.get_mut(&hit.key) {
+                followed.forget();
+            }
         }
     }
 }

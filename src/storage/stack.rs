@@ -119,7 +119,12 @@ impl CounterReset for Reset {
         if let Some(leases) = &self.leases {
             leases.forget(hits);
         }
-        self.store.forget(hits).await
+        let forgotten = self.store.forget(hits).await;
+        // Again: a lease that landed between the two is not used either.
+        if let Some(leases) = &self.leases {
+            leases.forget(hits);
+        }
+        forgotten
     }
 }
 

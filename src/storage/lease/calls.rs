@@ -2,7 +2,7 @@
 //! counter's slice, or given back when it can no longer be used.
 
 use super::slice::{Slice, window_of};
-use super::{Asked, Leased};
+use super::{Asked, Book, Leased};
 use crate::clock::Micros;
 use crate::storage::{Grant, Hit, StoreError};
 
@@ -25,43 +25,44 @@ impl Leased {
     /// with it); one asked for under another limit, or before a reset of this replica's, goes
     /// back at once.
     pub(super) fn granted(&self, asked: &Asked, result: Result<Grant, StoreError>) {
-        let mut book = self.book();
+        let mut guard = self.book();
+        let book = &mut *guard;
         let resets = book.resets;
-        let followed = book.counters.get_mut(&asked.hit.key);
+        let Some(followed) = book.counters.get_mut(&asked.hit.key) else {
+            return;
+        };
         let grant = match result {
             Ok(grant) => grant,
             Err(error) => {
                 tracing::debug!(%error, "a lease call failed; the counter is decided per request");
                 self.metrics.failed.inc();
-                if let Some(followed) = followed {
-                    followed.calling = false;
-                }
+                followed.ended(asked.call);
                 return;
             }
         };
         self.metrics.taken(grant.granted);
         let hit = &asked.hit;
-        let followed = match followed {
-            Some(followed) if resets == asked.resets && followed.hit.params == hit.params => {
-                followed
-            }
-            followed => {
-                if let Some(followed) = followed {
-                    followed.calling = false;
-                }
-                drop(book);
-                let unused = Hit {
-                    hits: grant.granted,
-                    ..hit.clone()
-                };
-                if grant.granted > 0 {
-                    self.spawn_return(unused, asked.at);
-                }
-                return;
-            }
-        };
-        followed.calling = false;
         let (window, end) = window_of(hit, asked.at);
+        let trusted = resets == asked.resets && followed.hit.params == hit.params;
+        if !trusted && grant.granted > 0 && followed.call == Some(asked.call) {
+            // Asked before a reset or under another limit: it goes back, as the counter's
+            // one call in flight.
+            let call = Book::call(&mut book.calls);
+            followed.call = Some(call);
+            let unused = Hit {
+                hits: grant.granted,
+                ..hit.clone()
+            };
+            drop(guard);
+            self.spawn_return(unused, asked.at, call);
+            return;
+        }
+        followed.ended(asked.call);
+        // A grant of a window before the one this replica holds budget of is never used
+        // (its window has ended) and leaves the tally of the later one alone.
+        if !trusted || window < followed.tally.0 {
+            return;
+        }
         followed.holders = grant.holders;
         followed.unleased = Some((window, hit.params.requests.saturating_sub(grant.count)));
         if !grant.intact {
@@ -95,16 +96,15 @@ impl Leased {
         }
     }
 
-    /// Gives back in the background; the counter's next lease waits for the answer.
-    pub(super) fn spawn_return(&self, hit: Hit, at: Micros) {
+    /// Gives back in the background, as the counter's call numbered `call`: its next lease
+    /// waits for the answer.
+    pub(super) fn spawn_return(&self, hit: Hit, at: Micros, call: u64) {
         let Some(me) = self.me.upgrade() else {
             return;
         };
         tokio::spawn(async move {
             me.give_back(&hit, at).await;
-            if let Some(followed) = me.book().counters.get_mut(&hit.key) {
-                followed.calling = false;
-            }
+            me.ended(&hit.key, call);
         });
     }
 

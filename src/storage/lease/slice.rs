@@ -21,10 +21,10 @@ pub(super) struct Followed {
     pub(super) hit: Hit,
     pub(super) demand: Demand,
     pub(super) slice: Option<Slice>,
-    /// A lease or a return in flight: one call at a time per counter, so that a return
-    /// never lands after a later lease of the same holder (it would take that lease's
-    /// budget back after a reset).
-    pub(super) calling: bool,
+    /// The lease or return in flight, by its number (`Book::call`): one call at a time per
+    /// counter, so that a return never lands after a later lease of the same holder (after
+    /// a reset it would take that lease's budget back). Only the call it names clears it.
+    pub(super) call: Option<u64>,
     /// What nobody holds (the limit less the count), as the store last said, with the
     /// window it was in.
     pub(super) unleased: Option<(u64, u64)>,
@@ -48,9 +48,9 @@ pub(super) struct Slice {
 }
 
 impl Slice {
-    /// Whether hits at `now` may come out of it: within its life, which ends with its window.
-    pub(super) fn usable(&self, now: Micros) -> bool {
-        now < self.until
+    /// Whether hits at `now` may come out of it: its window, within its life.
+    pub(super) fn usable(&self, hit: &Hit, now: Micros) -> bool {
+        self.window == window_of(hit, now).0 && now < self.until
     }
 
     /// What goes back to the store: the unused budget, while its window is current (a slice
@@ -80,12 +80,27 @@ impl Followed {
             },
             demand: Demand::default(),
             slice: None,
-            calling: false,
+            call: None,
             unleased: None,
             holders: 0,
             tally: (0, 0),
             last_used: now,
         }
+    }
+
+    /// Ends the call numbered `call`, if it is the one in flight.
+    pub(super) fn ended(&mut self, call: u64) {
+        if self.call == Some(call) {
+            self.call = None;
+        }
+    }
+
+    /// What a reset leaves: no slice, nothing held, nothing known of the budget; the demand,
+    /// and the call in flight, stay.
+    pub(super) fn forget(&mut self) {
+        self.slice = None;
+        self.tally = (0, 0);
+        self.unleased = None;
     }
 
     /// What this replica believes the tally holds for it in `window`.

@@ -110,14 +110,8 @@ impl CounterStore for View {
     }
 }
 
-#[tonic::async_trait]
-impl CounterLease for View {
-    fn instant(&self, _: &Hit) -> Result<Micros, StoreError> {
-        Ok(self.clock.now())
-    }
-
-    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
-        self.after_delay().await;
+impl View {
+    fn lease_now(&self, hit: &Hit, at: Micros, held: u64) -> Grant {
         let mut model = self.model.lock().unwrap();
         let intact = model.held(hit, at, &self.holder) >= held;
         let granted = hit
@@ -129,16 +123,40 @@ impl CounterLease for View {
         if granted > 0 {
             *tally.entry(self.holder.clone()).or_default() += granted;
         }
-        Ok(Grant {
+        Grant {
             granted,
             count,
             holders: tally.len() as u64,
             intact,
-        })
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl CounterLease for View {
+    fn instant(&self, _: &Hit) -> Result<Micros, StoreError> {
+        Ok(self.clock.now())
+    }
+
+    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
+        // The call reaches the store after one delay and its answer the replica after
+        // another: a reset can fall between the two.
+        self.after_delay().await;
+        let grant = self.lease_now(hit, at, held);
+        self.after_delay().await;
+        Ok(grant)
     }
 
     async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {
         self.after_delay().await;
+        let back = self.give_back_now(hit, at);
+        self.after_delay().await;
+        Ok(back)
+    }
+}
+
+impl View {
+    fn give_back_now(&self, hit: &Hit, at: Micros) -> u64 {
         let mut model = self.model.lock().unwrap();
         let back = hit
             .hits
@@ -153,7 +171,7 @@ impl CounterLease for View {
                 .or_default() -= back;
             *model.counts.entry(slot(hit, at)).or_default() -= back;
         }
-        Ok(back)
+        back
     }
 }
 
@@ -167,14 +185,17 @@ enum Step {
     },
     /// Time passes.
     Advance(Micros),
-    /// Calls in flight land.
-    Settle,
+    /// The runtime runs the tasks this many turns: calls in flight move on, some land.
+    Settle(u8),
     /// A replica's idle counters give their slices back.
     Cool(usize),
     /// A replica shuts down gracefully and is replaced.
     ShutDown(usize),
     /// A replica is lost with its slices and replaced.
     Lose(usize),
+    /// Every replica is told of a reset of both counters (as `Reset` does: before and after
+    /// the store forgets them), and the store forgets them.
+    Reset,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -182,10 +203,11 @@ fn step() -> impl Strategy<Value = Step> {
         12 => (0usize..3, 1u64..4, 0u8..6)
             .prop_map(|(replica, hits, shape)| Step::Request { replica, hits, shape }),
         1 => (0u64..2 * MICROS_PER_SECOND).prop_map(Step::Advance),
-        2 => Just(Step::Settle),
+        2 => (0u8..16).prop_map(Step::Settle),
         1 => (0usize..3).prop_map(Step::Cool),
         1 => (0usize..3).prop_map(Step::ShutDown),
         1 => (0usize..3).prop_map(Step::Lose),
+        1 => Just(Step::Reset),
     ]
 }
 
@@ -277,16 +299,23 @@ fn request(shape: u8, hits: u64) -> Vec<Hit> {
     request
 }
 
-/// Runs the steps; answers the hits each counter admitted in each window.
-async fn run(steps: &[Step], seed: u64) -> HashMap<Slot, u64> {
+/// Runs the steps; answers the hits each counter admitted in each window, between resets
+/// (numbered from 0).
+async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
     let clock = ManualClock::at_seconds(1_795_000_000);
     let mut fleet = Fleet::new(&clock, seed);
     for _ in 0..3 {
         let replica = fleet.replica();
         fleet.replicas.push(replica);
     }
-    let mut admitted: HashMap<Slot, u64> = HashMap::new();
+    // Whether each replica's process is up: a request it had not decided when it stopped is
+    // never decided (its client sees an error).
+    let mut up: Vec<Arc<std::sync::atomic::AtomicBool>> = (0..3)
+        .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(true)))
+        .collect();
+    let mut admitted: HashMap<(Slot, u64), u64> = HashMap::new();
     let mut pending = Vec::new();
+    let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for &step in steps {
         match step {
             Step::Request {
@@ -296,10 +325,16 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<Slot, u64> {
             } => {
                 let store = Arc::clone(&fleet.replicas[replica]);
                 let clock = clock.clone();
+                let resets = Arc::clone(&resets);
+                let up = Arc::clone(&up[replica]);
                 // Requests are in flight at once; each is decided at its first poll, in the
                 // window it then falls in, and all or nothing.
                 pending.push(tokio::spawn(async move {
+                    if !up.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Vec::new();
+                    }
                     let now = clock.now();
+                    let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
                     let request = request(shape, hits);
                     let outcomes = store.apply(&request).await.unwrap();
                     let allowed = outcomes.iter().all(|outcome| outcome.allowed);
@@ -309,22 +344,49 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<Slot, u64> {
                     );
                     request
                         .iter()
-                        .map(|hit| (slot(hit, now), if allowed { hit.hits } else { 0 }))
+                        .map(|hit| ((slot(hit, now), epoch), if allowed { hit.hits } else { 0 }))
                         .collect::<Vec<_>>()
                 }));
             }
             Step::Advance(by) => clock.advance(by),
-            Step::Settle => settle().await,
+            Step::Settle(turns) => {
+                for _ in 0..turns {
+                    tokio::task::yield_now().await;
+                }
+            }
             Step::Cool(replica) => {
                 fleet.replicas[replica]
                     .give_back_where(Some(COOL_AFTER))
                     .await;
             }
             Step::ShutDown(replica) => {
+                up[replica].store(false, std::sync::atomic::Ordering::Relaxed);
+                up[replica] = Arc::new(std::sync::atomic::AtomicBool::new(true));
                 fleet.replicas[replica].give_back_all().await;
                 fleet.replicas[replica] = fleet.replica();
             }
-            Step::Lose(replica) => fleet.replicas[replica] = fleet.replica(),
+            Step::Lose(replica) => {
+                up[replica].store(false, std::sync::atomic::Ordering::Relaxed);
+                up[replica] = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                fleet.replicas[replica] = fleet.replica();
+            }
+            Step::Reset => {
+                let counters = [hit_on("a", LIMIT, 1), hit_on("b", LIMIT, 1)];
+                for replica in &fleet.replicas {
+                    replica.forget(&counters);
+                }
+                {
+                    let mut model = fleet.model.lock().unwrap();
+                    for counter in &counters {
+                        model.counts.remove(&slot(counter, clock.now()));
+                        model.tallies.remove(&slot(counter, clock.now()));
+                    }
+                }
+                resets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                for replica in &fleet.replicas {
+                    replica.forget(&counters);
+                }
+            }
         }
     }
     for request in pending {
@@ -348,8 +410,11 @@ proptest! {
             .build()
             .unwrap();
         let admitted = runtime.block_on(run(&steps, seed));
-        for ((counter, window), hits) in admitted {
-            prop_assert!(hits <= LIMIT, "{counter} admitted {hits} of {LIMIT} in window {window}");
+        for (((counter, window), epoch), hits) in admitted {
+            prop_assert!(
+                hits <= LIMIT,
+                "{counter} admitted {hits} of {LIMIT} in window {window} after reset {epoch}"
+            );
         }
     }
 }

@@ -82,7 +82,8 @@
 //!   lease and return calls), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
 //!   `storage/stack.rs` (the store as served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`,
-//!   `algorithm/given_back.rs` (give_back and refund), then one file per
+//!   `algorithm/given_back.rs` (give_back and refund), `algorithm/leased.rs` (a bucket's
+//!   budget taken for a slice's life), then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
 //!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.

@@ -7,7 +7,7 @@
 //! Exact in integers: the TAT is kept as whole µs plus a remainder in 1/`limit` µs, so an
 //! emission interval of, say, 1 s / 3 loses nothing to rounding.
 
-use super::outcome::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
+use super::outcome::{Charge, Outcome, Taken, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The theoretical arrival time: `tat + remainder / limit` µs.
@@ -67,6 +67,50 @@ pub fn decide(
         remainder: to_u64(new_tat % n),
     });
     (state, outcome)
+}
+
+/// Takes up to `want` hits for a lease whose slice is used over the next `life` ticks
+/// (`leased::lease`): as if they arrived at the end of the life (the TAT moves to it at the
+/// least) and were admitted now, so each is one the bucket admits at every instant of the
+/// life. A lease that takes nothing changes nothing. Answers as `token_bucket::lease`.
+pub fn lease(
+    state: Option<&State>,
+    now: Micros,
+    limit: u64,
+    window: Micros,
+    burst: u64,
+    want: u64,
+    life: Micros,
+) -> (Option<State>, Taken) {
+    if limit == 0 {
+        return (None, Taken::default());
+    }
+    let n = u128::from(limit);
+    let now_ticks = u128::from(now) * n;
+    let stored = state.map_or(0, |s| {
+        u128::from(s.tat) * n + u128::from(s.remainder.min(limit - 1))
+    });
+    let tat = stored.max(now_ticks);
+    let (interval, tolerance) = (u128::from(window), u128::from(burst) * u128::from(window));
+    let from = tat.max(now_ticks + u128::from(life) * n);
+    let room = (now_ticks + tolerance).saturating_sub(from) / interval;
+    let granted = u128::from(want).min(room);
+    let new_tat = if granted > 0 {
+        from + granted * interval
+    } else {
+        tat
+    };
+    let ahead = new_tat - now_ticks;
+    let taken = Taken {
+        granted: to_u64(granted),
+        remaining: to_u64(tolerance.saturating_sub(ahead) / interval),
+        reset_after: to_u64(div_ceil_u128(ahead, n)),
+    };
+    let state = (granted > 0).then(|| State {
+        tat: to_u64(new_tat / n),
+        remainder: to_u64(new_tat % n),
+    });
+    (state, taken)
 }
 
 /// Gives back `count` hits consumed at `at`: the TAT moves back by their intervals, never

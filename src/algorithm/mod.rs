@@ -25,6 +25,7 @@
 pub mod fixed_window;
 pub mod gcra;
 pub mod given_back;
+pub mod leased;
 pub mod outcome;
 pub mod parameter;
 pub mod sliding_log;

@@ -65,3 +65,12 @@ pub(crate) fn div_ceil_u128(a: u128, b: u128) -> u128 {
 pub(crate) fn to_u64(value: u128) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
+
+/// What a lease took: the hits granted, those left to take at once after it, and the time
+/// until the bucket is full again (ticks inside an algorithm, µs out of `leased::lease`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Taken {
+    pub granted: u64,
+    pub remaining: u64,
+    pub reset_after: Micros,
+}

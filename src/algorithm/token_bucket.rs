@@ -6,7 +6,7 @@
 //! client sending exactly at the rate is never denied; `burst` at once after a quiet period.
 //! State: two numbers (tokens, last update).
 
-use super::outcome::{Charge, Outcome, div_ceil_u128, never, never_retry, to_u64};
+use super::outcome::{Charge, Outcome, Taken, div_ceil_u128, never, never_retry, to_u64};
 use crate::clock::Micros;
 
 /// The bucket's level, in units of 1/`window` token, at `updated`. At most `burst × window`,
@@ -68,6 +68,51 @@ pub fn decide(
         updated,
     });
     (state, outcome)
+}
+
+/// Takes up to `want` tokens for a lease whose slice is used over the next `life` ticks
+/// (`leased::lease`): only tokens the bucket would hand out at every instant of that life, so
+/// what the refill of the life would add is held back (the level is capped at the capacity
+/// less it). A lease that takes nothing changes nothing. Answers the state, the tokens taken,
+/// those left, and the ticks until the bucket is full.
+pub fn lease(
+    state: Option<&State>,
+    now: Micros,
+    limit: u64,
+    window: Micros,
+    burst: u64,
+    want: u64,
+    life: Micros,
+) -> (Option<State>, Taken) {
+    if limit == 0 {
+        return (None, Taken::default());
+    }
+    let (rate, token) = (u128::from(limit), u128::from(window));
+    let capacity = u128::from(burst) * token;
+    let level = match state {
+        Some(state) => (u128::from(state.level)
+            + u128::from(now.saturating_sub(state.updated)) * rate)
+            .min(capacity),
+        None => capacity,
+    };
+    let updated = state.map_or(now, |state| state.updated.max(now));
+    let usable = level.min(capacity.saturating_sub(u128::from(life) * rate));
+    let granted = u128::from(want).min(usable / token);
+    let level_after = if granted > 0 {
+        usable - granted * token
+    } else {
+        level
+    };
+    let taken = Taken {
+        granted: to_u64(granted),
+        remaining: to_u64(level_after / token),
+        reset_after: to_u64(div_ceil_u128(capacity - level_after, rate)),
+    };
+    let state = (granted > 0).then_some(State {
+        level: to_u64(level_after),
+        updated,
+    });
+    (state, taken)
 }
 
 /// Gives back `count` tokens. Only right while the bucket is as the consuming call left it:

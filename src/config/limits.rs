@@ -9,7 +9,8 @@ use serde_saphyr::Spanned;
 
 use super::error::ConfigError;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
-use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters};
+use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters, leased};
+use crate::clock::Micros;
 use crate::limit::{Lease, Limit, Unit};
 use crate::rules::Policy;
 
@@ -200,8 +201,10 @@ impl Spec<'_> {
         Ok(limit)
     }
 
-    /// `lease`: only a fixed window aligned on the epoch hands out its budget exactly as one
-    /// count per window (storage/lease.rs).
+    /// `lease`: only a fixed window aligned on the epoch (its budget is one count per window)
+    /// and a bucket with a burst worth splitting hand out their budget exactly
+    /// (algorithm::leased); a sliding window's or a sliding log's depends on each hit's
+    /// instant.
     fn lease(&self, limit: &Limit) -> Result<Lease, ConfigError> {
         let Some(lease) = &self.raw.lease else {
             return Ok(Lease::AsConfigured);
@@ -215,16 +218,34 @@ impl Spec<'_> {
                 format!("expected one of {}, got {:?}", names.join("|"), lease.value),
             ));
         };
-        let leasable = limit.algorithm
+        if *parsed != Lease::Auto {
+            return Ok(*parsed);
+        }
+        let params = limit.params();
+        if leased::is_bucket(&params) {
+            if leased::slice_life(&params, Micros::MAX).is_none() {
+                return Err(self.error(
+                    line,
+                    "lease",
+                    format!(
+                        "a {} limit can be leased only with a burst of at least 2 that takes at least {} ms to refill (a slice lives half of that)",
+                        limit.algorithm.name(),
+                        leased::SHORTEST_LIFE / 500
+                    ),
+                ));
+            }
+            return Ok(*parsed);
+        }
+        let window = limit.algorithm
             == (Algorithm::FixedWindow {
                 anchor: Anchor::Epoch,
             });
-        if *parsed == Lease::Auto && !leasable {
+        if !window {
             return Err(self.error(
                 line,
                 "lease",
                 format!(
-                    "only a fixed_window limit aligned on the epoch can be leased, not {}",
+                    "only a fixed_window limit aligned on the epoch, a token_bucket or a gcra limit can be leased, not {}",
                     limit.algorithm.name()
                 ),
             ));

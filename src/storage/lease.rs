@@ -1,5 +1,6 @@
-//! Leases: a busy fixed window's budget, held in part by the replica that sees it busy, which
-//! then decides its hits without a store call each (docs/design.md, "Leases").
+//! Leases: a busy counter's budget (a fixed window's, a token bucket's, a GCRA limit's), held
+//! in part by the replica that sees it busy, which then decides its hits without a store call
+//! each (docs/design.md, "Leases").
 //!
 //! A replica that sees a leasable counter busy (`--lease-busy-rate` hits a second on this
 //! replica) takes a slice of what its window has left in one store call (`CounterLease`); the
@@ -14,6 +15,12 @@
 //! (so a reset reaches every replica within it), when its counter cools down, and on
 //! shutdown; a slice of a window that has ended is dropped, its counter
 //! with it. A replica that dies loses its slices: the fleet under-admits, never over.
+//!
+//! A bucket's slice differs in two ways (`algorithm::leased`): each grant is good for its
+//! own life only (at most `--deny-cache-max-ttl`, and half the burst's refill), never renewed,
+//! so hits left of an earlier grant are dropped when its life ends; and what goes back is at
+//! most the last grant, only while the bucket is as that grant left it (nobody has taken from
+//! it since, so the hits go back as if never taken). Anything else unused is lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -21,7 +28,7 @@ use std::time::Duration;
 
 use super::keys::CounterKey;
 use super::{CounterLease, CounterStore, HeldLeases, Hit, Role, StoreError};
-use crate::algorithm::{Algorithm, Anchor, Outcome, Params};
+use crate::algorithm::{Algorithm, Anchor, Outcome, Params, State, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::limit::Lease;
 use crate::metrics::Metrics;
@@ -80,35 +87,49 @@ impl Book {
     }
 }
 
-/// Whether a limit's counter is leased while busy: a fixed window aligned on the epoch, large
-/// enough to split, leased by its rule (`lease`) or by default (`--lease auto`).
+/// Whether a limit's counter is leased while busy: a fixed window aligned on the epoch or a
+/// bucket whose slices can live long enough (`leased::slice_life`), large enough to split,
+/// leased by its rule (`lease`) or by default (`--lease auto`).
 pub fn leased_when_busy(lease: Lease, params: &Params, by_default: bool) -> bool {
     let wanted = match lease {
         Lease::Auto => true,
         Lease::Off => false,
         Lease::AsConfigured => by_default,
     };
-    wanted
-        && params.algorithm
+    let leasable = if leased::is_bucket(params) {
+        leased::slice_life(params, Micros::MAX).is_some()
+    } else {
+        params.algorithm
             == (Algorithm::FixedWindow {
                 anchor: Anchor::Epoch,
             })
-        && params.requests >= MIN_SLICE * 2
+    };
+    wanted && leasable && budget(params) >= MIN_SLICE * 2
 }
 
-/// A lease asked for: the hit to lease with (`hits` asked), its instant, what this replica
-/// believes it holds of the window, the resets seen when it was asked, and its number.
+/// The most a counter can hand out at once: a fixed window's limit, a bucket's burst.
+fn budget(params: &Params) -> u64 {
+    match params.algorithm {
+        Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
+        _ => params.requests,
+    }
+}
+
+/// A lease asked for: the hit to lease with (`hits` asked), its instant, the life of its
+/// slice, what this replica believes it holds of the counter, the resets seen when it was
+/// asked, and its number.
 struct Asked {
     hit: Hit,
     at: Micros,
+    life: Micros,
     held: u64,
     resets: u64,
     call: u64,
 }
 
-/// A return to send: the hit to give back (`hits` unused), the instant of its window, the
-/// call's number.
-type Return = (Hit, Micros, u64);
+/// A return to send: the hit to give back (`hits` unused), the instant of its lease, the
+/// state a bucket's return requires, the call's number.
+type Return = (Hit, Micros, Option<State>, u64);
 
 impl Leased {
     pub fn new(
@@ -133,6 +154,17 @@ impl Leased {
     fn leasable(&self, hit: &Hit) -> bool {
         hit.role != Role::Refund
             && leased_when_busy(hit.lease, &hit.params, self.settings.by_default)
+    }
+
+    /// How long a slice of `hit`'s counter is used: a fixed window's, `--deny-cache-max-ttl`
+    /// from the last lease that found it counted; a bucket's, from its lease, and no longer
+    /// than half its burst's refill.
+    fn life(&self, hit: &Hit) -> Micros {
+        if leased::is_bucket(&hit.params) {
+            leased::slice_life(&hit.params, self.settings.slice_life).unwrap_or(0)
+        } else {
+            self.settings.slice_life
+        }
     }
 
     fn book(&self) -> MutexGuard<'_, Book> {
@@ -182,16 +214,19 @@ impl Leased {
                 followed.hit.params = hit.params;
                 followed.unleased = None;
             }
-            let stale = followed.slice.is_some_and(|slice| !slice.usable(hit, now));
+            let stale = followed
+                .slice
+                .as_ref()
+                .is_some_and(|slice| !slice.usable(hit, now));
             if changed || stale {
                 // One call at a time per counter: with a call in flight, what the slice
                 // holds is not given back (the window under-admits by it).
                 if followed.call.is_some() {
                     followed.slice = None;
-                } else if let Some((unused, at)) = followed.give_back_slice(now) {
+                } else if let Some((unused, at, after)) = followed.give_back_slice(now) {
                     let call = Book::call(&mut book.calls);
                     followed.call = Some(call);
-                    returns.push((unused, at, call));
+                    returns.push((unused, at, after, call));
                 }
             }
         }
@@ -213,7 +248,8 @@ impl Leased {
             let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key)) else {
                 continue;
             };
-            let Some(want) = self.next_lease(followed, now) else {
+            let life = self.life(&followed.hit);
+            let Some(want) = self.next_lease(followed, now, life) else {
                 continue;
             };
             let call = Book::call(&mut book.calls);
@@ -224,6 +260,7 @@ impl Leased {
                     ..followed.hit.clone()
                 },
                 at: now,
+                life,
                 held: followed.held_in(window_of(hit, now).0),
                 resets: book.resets,
                 call,
@@ -233,8 +270,8 @@ impl Leased {
         for asked in leases {
             self.spawn_lease(asked);
         }
-        for (hit, at, call) in returns {
-            self.spawn_return(hit, at, call);
+        for (hit, at, after, call) in returns {
+            self.spawn_return(hit, at, after, call);
         }
         if outcomes.is_some() {
             self.metrics.from_slice.inc();
@@ -258,19 +295,21 @@ impl Leased {
     }
 
     /// How much to lease for `followed` now, if it is busy, no call is in flight, and its
-    /// slice has run below half of what its demand calls for.
-    fn next_lease(&self, followed: &Followed, now: Micros) -> Option<u64> {
+    /// slice has run below half of what its demand calls for over `LOOKAHEAD`, or half the
+    /// slice's `life` if shorter (a bucket's grant is used within its own life).
+    fn next_lease(&self, followed: &Followed, now: Micros, life: Micros) -> Option<u64> {
         let rate = followed.demand.rate();
-        if followed.call.is_some() || rate < self.settings.busy_rate {
+        if followed.call.is_some() || rate < self.settings.busy_rate || life == 0 {
             return None;
         }
         let (window, _) = window_of(&followed.hit, now);
         let wanted = rate
-            .saturating_mul(LOOKAHEAD)
+            .saturating_mul(LOOKAHEAD.min(life / 2))
             .div_ceil(MICROS_PER_SECOND)
             .max(MIN_SLICE);
         let held = followed
             .slice
+            .as_ref()
             .filter(|slice| slice.window == window)
             .map_or(0, |slice| slice.left);
         if held > wanted / 2 {
@@ -278,7 +317,7 @@ impl Leased {
         }
         // Never more than a share of what is left: half of it split among the holders, so
         // that the others' slices and per-request hits find budget too.
-        let limit = followed.hit.params.requests;
+        let limit = budget(&followed.hit.params);
         let (unleased, holders) = match followed.unleased {
             Some((seen_in, unleased)) if seen_in == window => (unleased, followed.holders.max(1)),
             _ => (limit, 1),
@@ -307,18 +346,18 @@ impl Leased {
                 if !idle || followed.call.is_some() {
                     return true;
                 }
-                let Some((unused, at)) = followed.give_back_slice(now) else {
+                let Some((unused, at, after)) = followed.give_back_slice(now) else {
                     return false;
                 };
                 let call = Book::call(calls);
                 followed.call = Some(call);
-                returns.push((unused, at, call));
+                returns.push((unused, at, after, call));
                 true
             });
             returns
         };
-        let giving = returns.iter().map(|(hit, at, call)| async move {
-            self.give_back(hit, *at).await;
+        let giving = returns.iter().map(|(hit, at, after, call)| async move {
+            self.give_back(hit, *at, after.as_ref()).await;
             self.ended(&hit.key, *call);
         });
         futures_util::future::join_all(giving).await;

@@ -23,7 +23,7 @@ pub mod stack;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Outcome, Params};
+use crate::algorithm::{Outcome, Params, State};
 use crate::clock::Micros;
 use crate::limit::Lease;
 use keys::CounterKey;
@@ -165,14 +165,29 @@ pub trait CounterLease: Send + Sync + 'static {
     /// replica tracks it).
     fn instant(&self, hit: &Hit) -> Result<Micros, StoreError>;
 
-    /// Takes up to `hit.hits` of the budget of `hit`'s counter in the window of `at`; `held`
-    /// is what this replica believes it holds of that window's budget (granted, less what it
-    /// asked to give back), which the store checks (`Grant::intact`).
-    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError>;
+    /// Takes up to `hit.hits` of the budget of `hit`'s counter at `at` (a fixed window's: of
+    /// the window of `at`), for a slice used until `at + life` at the latest (a bucket's hits
+    /// are taken for that life, `algorithm::leased`); `held` is what this replica believes it
+    /// holds of the counter's budget (granted, less what it asked to give back), which the
+    /// store checks (`Grant::intact`).
+    async fn lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        held: u64,
+        life: Micros,
+    ) -> Result<Grant, StoreError>;
 
-    /// Gives back up to `hit.hits` that this replica leased in the window of `at`; answers
-    /// the hits given back.
-    async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError>;
+    /// Gives back up to `hit.hits` that this replica leased at `at`: a fixed window's within
+    /// its window; a bucket's only while the bucket is in the state `after` its lease left it
+    /// (nobody has taken from it since, so the hits go back as if never taken). Answers the
+    /// hits given back.
+    async fn give_back_lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        after: Option<&State>,
+    ) -> Result<u64, StoreError>;
 }
 
 /// The budget this replica holds on lease (`lease.rs`), seen from outside the decision path.
@@ -186,17 +201,21 @@ pub trait HeldLeases: Send + Sync + 'static {
 }
 
 /// What a lease granted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
     /// Hits of budget now held by this replica: at most those asked for, never past the limit.
     pub granted: u64,
-    /// The counter's count after the grant: the limit less this is what nobody holds.
-    pub count: u64,
+    /// What nobody holds after the grant: the hits a decision now would find.
+    pub unleased: u64,
     /// How many replicas hold (or held, this window) part of the counter's budget.
     pub holders: u64,
     /// Whether the store still counts what this replica believed it held: if not, the counter
     /// was reset, flushed or rolled back since its earlier leases, whose slices are stale.
     pub intact: bool,
+    /// A bucket's state after the grant, which a return requires it to still be in.
+    pub after: Option<State>,
+    /// The time until the counter's full limit is available again, as the grant left it.
+    pub reset_after: Micros,
 }
 
 /// Sharing RLQS demand between the replicas of a shared store.

@@ -60,7 +60,8 @@ config_error! {
     zero_unit_multiplier => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.unit_multiplier: must be at least 1";
     burst_too_large_to_count_exactly => "api.yaml:5: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: burst × window in seconds must be at most 2^52 for gcra to count exactly; use a shorter unit with a proportional limit";
     zero_burst => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: must be at least 1 (write requests_per_unit: 0 to deny every request)";
-    lease_on_a_sliding_window => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: only a fixed_window limit aligned on the epoch can be leased, not sliding_window";
+    lease_on_a_sliding_window => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: only a fixed_window limit aligned on the epoch, a token_bucket or a gcra limit can be leased, not sliding_window";
+    lease_on_a_bucket_too_small_to_split => "api.yaml:9: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: a token_bucket limit can be leased only with a burst of at least 2 that takes at least 40 ms to refill (a slice lives half of that)";
     bad_lease => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: expected one of auto|off, got \"always\"";
     unlimited_with_lease => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.lease: must not be set when unlimited is true";
     bad_anchor => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.anchor: expected one of epoch|first_hit, got \"midnight\"";

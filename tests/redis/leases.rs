@@ -24,7 +24,7 @@ use tollgate::storage::{CounterLease, CounterReset, Grant, Hit, Role, Store};
 const T0: u64 = 1_795_000_020;
 const MINUTE: Micros = 60 * MICROS_PER_SECOND;
 
-fn hit(user: &str, requests: u64, hits: u64) -> Hit {
+pub(crate) fn hit(user: &str, requests: u64, hits: u64) -> Hit {
     let params = Params {
         algorithm: Algorithm::default(),
         requests,
@@ -40,7 +40,7 @@ fn hit(user: &str, requests: u64, hits: u64) -> Hit {
     }
 }
 
-fn options(clock: &ManualClock, lease: LeaseMode) -> StoreOptions {
+pub(crate) fn options(clock: &ManualClock, lease: LeaseMode) -> StoreOptions {
     StoreOptions {
         charge: Charge::IfAllowed,
         timeout: Duration::from_secs(2),
@@ -51,14 +51,14 @@ fn options(clock: &ManualClock, lease: LeaseMode) -> StoreOptions {
     }
 }
 
-fn redis(server: &RedisServer, options: &StoreOptions) -> Arc<RedisStore> {
+pub(crate) fn redis(server: &RedisServer, options: &StoreOptions) -> Arc<RedisStore> {
     RedisStore::start(
         RedisSpec::parse(&server.url(), None).unwrap().unwrap(),
         options.clone(),
     )
 }
 
-async fn ready(store: &RedisStore) {
+pub(crate) async fn ready(store: &RedisStore) {
     for _ in 0..200 {
         if tollgate::storage::CounterStore::ping(store).await.is_ok() {
             return;
@@ -78,12 +78,21 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
     ready(&b).await;
     let now = a.instant(&hit("r", 100, 0)).unwrap();
 
-    let grant = a.lease(&hit("r", 100, 60), now, 0).await.unwrap();
-    assert_eq!(grant, granted(60, 60, 1, true));
-    let grant = b.lease(&hit("r", 100, 60), now, 0).await.unwrap();
-    assert_eq!(grant, granted(40, 100, 2, true));
-    let grant = b.lease(&hit("r", 100, 5), now, 40).await.unwrap();
-    assert_eq!(grant, granted(0, 100, 2, true));
+    let grant = a
+        .lease(&hit("r", 100, 60), now, 0, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(60, 60, 1, true, now));
+    let grant = b
+        .lease(&hit("r", 100, 60), now, 0, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(40, 100, 2, true, now));
+    let grant = b
+        .lease(&hit("r", 100, 5), now, 40, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(0, 100, 2, true, now));
     // Budget leased is counted: a hit decided by the store finds none left.
     let outcome = tollgate::storage::CounterStore::apply(&*a, &[hit("r", 100, 1)])
         .await
@@ -92,10 +101,17 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
 
     // A return gives back at most what its holder holds.
     assert_eq!(
-        a.give_back_lease(&hit("r", 100, 80), now).await.unwrap(),
+        a.give_back_lease(&hit("r", 100, 80), now, None)
+            .await
+            .unwrap(),
         60
     );
-    assert_eq!(a.give_back_lease(&hit("r", 100, 10), now).await.unwrap(), 0);
+    assert_eq!(
+        a.give_back_lease(&hit("r", 100, 10), now, None)
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(
         server.query(&["GET", &redis_key(&hit("r", 100, 0), now)]),
         "40"
@@ -104,11 +120,22 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
     // After a reset, what was leased before takes back nothing counted since, and a lease
     // tells its holder that what it held is gone.
     b.forget(&[hit("r", 100, 0)]).await.unwrap();
-    let grant = a.lease(&hit("r", 100, 30), now, 0).await.unwrap();
-    assert_eq!(grant, granted(30, 30, 1, true));
-    let grant = b.lease(&hit("r", 100, 5), now, 40).await.unwrap();
-    assert_eq!(grant, granted(5, 35, 2, false));
-    assert_eq!(b.give_back_lease(&hit("r", 100, 40), now).await.unwrap(), 5);
+    let grant = a
+        .lease(&hit("r", 100, 30), now, 0, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(30, 30, 1, true, now));
+    let grant = b
+        .lease(&hit("r", 100, 5), now, 40, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(5, 35, 2, false, now));
+    assert_eq!(
+        b.give_back_lease(&hit("r", 100, 40), now, None)
+            .await
+            .unwrap(),
+        5
+    );
     assert_eq!(
         server.query(&["GET", &redis_key(&hit("r", 100, 0), now)]),
         "30"
@@ -116,16 +143,22 @@ async fn a_lease_grants_at_most_what_is_left_and_a_return_at_most_what_its_holde
 
     // The next window starts with its whole budget.
     let next = now + MINUTE;
-    let grant = b.lease(&hit("r", 100, 70), next, 0).await.unwrap();
-    assert_eq!(grant, granted(70, 70, 1, true));
+    let grant = b
+        .lease(&hit("r", 100, 70), next, 0, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(70, 70, 1, true, next));
 }
 
-fn granted(granted: u64, count: u64, holders: u64, intact: bool) -> Grant {
+/// A fixed window's grant, of a limit of 100 a minute, leased at `now`.
+fn granted(granted: u64, count: u64, holders: u64, intact: bool, now: Micros) -> Grant {
     Grant {
         granted,
-        count,
+        unleased: 100 - count,
         holders,
         intact,
+        after: None,
+        reset_after: MINUTE - now % MINUTE,
     }
 }
 
@@ -136,15 +169,15 @@ fn redis_key(hit: &Hit, now: Micros) -> String {
 
 /// Replicas serving one busy counter, each a whole store as served (its own Redis
 /// connections and lease holder name) on one Redis.
-struct Fleet {
-    server: RedisServer,
-    clock: ManualClock,
-    replicas: Vec<Store>,
-    metrics: Vec<Metrics>,
+pub(crate) struct Fleet {
+    pub(crate) server: RedisServer,
+    pub(crate) clock: ManualClock,
+    pub(crate) replicas: Vec<Store>,
+    pub(crate) metrics: Vec<Metrics>,
 }
 
 impl Fleet {
-    fn start(replicas: usize) -> Self {
+    pub(crate) fn start(replicas: usize) -> Self {
         let server = RedisServer::start();
         let clock = ManualClock::at_seconds(T0);
         let options = options(&clock, LeaseMode::Auto);
@@ -161,7 +194,7 @@ impl Fleet {
         }
     }
 
-    async fn ready(&self) {
+    pub(crate) async fn ready(&self) {
         for replica in &self.replicas {
             for _ in 0..200 {
                 if replica.counters.ping().await.is_ok() {
@@ -174,17 +207,17 @@ impl Fleet {
 
     /// What replica `index` leased and neither used (every request is of one hit) nor gave
     /// back.
-    fn unused(&self, index: usize) -> u64 {
+    pub(crate) fn unused(&self, index: usize) -> u64 {
         let lease = &self.metrics[index].lease;
         lease.leased_hits.get() - lease.from_slice.get() - lease.returned_hits.get()
     }
 
-    /// Sends `requests` to each replica, `in_flight` at once per replica, all replicas at
-    /// once; answers how many each admitted.
-    async fn offer(&self, requests: &[u64], limit: u64, in_flight: u64) -> Vec<u64> {
+    /// Sends `requests` (each `of`) to each replica, `in_flight` at once per replica, all
+    /// replicas at once; answers how many each admitted.
+    pub(crate) async fn offer(&self, requests: &[u64], of: &Hit, in_flight: u64) -> Vec<u64> {
         let runs = self.replicas.iter().zip(requests).map(|(replica, &count)| {
             let counters = Arc::clone(&replica.counters);
-            let request = [hit("global", limit, 1)];
+            let request = [of.clone()];
             async move {
                 let mut admitted = 0;
                 let mut sent = 0;
@@ -203,7 +236,7 @@ impl Fleet {
     }
 
     /// Waits until no lease is in flight (the slices then stay as they are).
-    async fn settle(&self) {
+    pub(crate) async fn settle(&self) {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
@@ -215,7 +248,7 @@ async fn replicas_leasing_one_counter_never_admit_more_than_its_limit() {
     fleet.ready().await;
     // Uneven shares, 10/20/30/40% of 1.5 times the limit.
     let shares = [900, 1_800, 2_700, 3_600];
-    let admitted = fleet.offer(&shares, LIMIT, 16).await;
+    let admitted = fleet.offer(&shares, &hit("global", LIMIT, 1), 16).await;
     let total: u64 = admitted.iter().sum();
     assert!(
         total <= LIMIT,
@@ -235,7 +268,9 @@ async fn replicas_leasing_one_counter_never_admit_more_than_its_limit() {
     for replica in &fleet.replicas {
         replica.leases.as_ref().unwrap().give_back_all().await;
     }
-    let more = fleet.offer(&[500, 500, 500, 500], LIMIT, 4).await;
+    let more = fleet
+        .offer(&[500, 500, 500, 500], &hit("global", LIMIT, 1), 4)
+        .await;
     fleet.settle().await;
     let total = total + more.iter().sum::<u64>();
     let unused: u64 = (0..4).map(|index| fleet.unused(index)).sum();
@@ -253,19 +288,25 @@ async fn a_replica_lost_with_its_slices_leaves_the_fleet_under_its_limit_by_them
     const LIMIT: u64 = 4_000;
     let mut fleet = Fleet::start(3);
     fleet.ready().await;
-    let first = fleet.offer(&[600, 600, 600], LIMIT, 8).await;
+    let first = fleet
+        .offer(&[600, 600, 600], &hit("global", LIMIT, 1), 8)
+        .await;
     fleet.settle().await;
     // The third replica is lost: what it held is never returned nor used.
     let lost = fleet.unused(2);
     drop(fleet.replicas.pop());
-    let rest = fleet.offer(&[3_000, 3_000], LIMIT, 8).await;
+    let rest = fleet
+        .offer(&[3_000, 3_000], &hit("global", LIMIT, 1), 8)
+        .await;
     let total = first.iter().sum::<u64>() + rest.iter().sum::<u64>();
     assert!(total <= LIMIT, "admitted {total} of {LIMIT}");
     fleet.settle().await;
     for replica in &fleet.replicas {
         replica.leases.as_ref().unwrap().give_back_all().await;
     }
-    let last = fleet.offer(&[1_000, 1_000], LIMIT, 4).await;
+    let last = fleet
+        .offer(&[1_000, 1_000], &hit("global", LIMIT, 1), 4)
+        .await;
     fleet.settle().await;
     let total = total + last.iter().sum::<u64>();
     let unused = fleet.unused(0) + fleet.unused(1);
@@ -399,7 +440,9 @@ async fn a_reset_reaches_the_other_replicas_slices_within_their_life() {
     const LIMIT: u64 = 6_000;
     let fleet = Fleet::start(2);
     fleet.ready().await;
-    let before = fleet.offer(&[1_500, 1_500], LIMIT, 8).await;
+    let before = fleet
+        .offer(&[1_500, 1_500], &hit("global", LIMIT, 1), 8)
+        .await;
     fleet.settle().await;
     assert!(
         fleet.unused(1) > 0,
@@ -414,7 +457,9 @@ async fn a_reset_reaches_the_other_replicas_slices_within_their_life() {
         .await
         .unwrap();
     fleet.clock.advance(1_500_000);
-    let after = fleet.offer(&[4_000, 4_000], LIMIT, 8).await;
+    let after = fleet
+        .offer(&[4_000, 4_000], &hit("global", LIMIT, 1), 8)
+        .await;
     fleet.settle().await;
     for replica in &fleet.replicas {
         replica.leases.as_ref().unwrap().give_back_all().await;

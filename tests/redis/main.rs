@@ -31,6 +31,7 @@ mod refunds;
 #[path = "../scenarios/window_edges.rs"]
 mod window_edges;
 
+mod bucket_leases;
 mod failover;
 mod layouts;
 mod leases;

@@ -3,6 +3,7 @@
 
 use super::slice::{Slice, window_of};
 use super::{Asked, Book, Leased};
+use crate::algorithm::State;
 use crate::clock::Micros;
 use crate::storage::{Grant, Hit, StoreError};
 
@@ -13,7 +14,10 @@ impl Leased {
             return;
         };
         tokio::spawn(async move {
-            let result = me.leases.lease(&asked.hit, asked.at, asked.held).await;
+            let result = me
+                .leases
+                .lease(&asked.hit, asked.at, asked.held, asked.life)
+                .await;
             me.granted(&asked, result);
         });
     }
@@ -54,7 +58,7 @@ impl Leased {
                 ..hit.clone()
             };
             drop(guard);
-            self.spawn_return(unused, asked.at, call);
+            self.spawn_return(unused, asked.at, grant.after, call);
             return;
         }
         followed.ended(asked.call);
@@ -64,52 +68,61 @@ impl Leased {
             return;
         }
         followed.holders = grant.holders;
-        followed.unleased = Some((window, hit.params.requests.saturating_sub(grant.count)));
+        followed.unleased = Some((window, grant.unleased));
         if !grant.intact {
             tracing::debug!(
                 "a leased counter was reset, flushed or rolled back; its slice is dropped"
             );
             followed.tally = (window, 0);
-            followed.slice = followed.slice.filter(|slice| slice.window != window);
+            followed.slice = followed.slice.take().filter(|slice| slice.window != window);
         }
         if followed.tally.0 == window {
             followed.tally.1 = followed.tally.1.saturating_add(grant.granted);
         } else {
             followed.tally = (window, grant.granted);
         }
-        let until = asked.at.saturating_add(self.settings.slice_life).min(end);
+        let until = asked.at.saturating_add(asked.life).min(end);
+        let full_at = asked.at.saturating_add(grant.reset_after);
+        let slice = Slice {
+            window,
+            at: asked.at,
+            left: grant.granted,
+            until,
+            expiring: None,
+            last: grant.after.map(|after| (after, grant.granted)),
+            full_at,
+        };
         match &mut followed.slice {
-            Some(slice) if slice.window == window => {
-                slice.left = slice.left.saturating_add(grant.granted);
-                slice.until = slice.until.max(until);
+            Some(held) if held.window == window && slice.last.is_some() => {
+                if grant.granted > 0 {
+                    add_to_bucket_slice(held, slice, asked.at);
+                }
             }
-            Some(slice) if slice.window > window => {}
+            Some(held) if held.window == window => {
+                held.left = held.left.saturating_add(grant.granted);
+                held.until = held.until.max(until);
+                held.full_at = full_at;
+            }
+            Some(held) if held.window > window => {}
             _ if grant.granted == 0 => {}
-            _ => {
-                followed.slice = Some(Slice {
-                    window,
-                    at: asked.at,
-                    left: grant.granted,
-                    until,
-                })
-            }
+            _ => followed.slice = Some(slice),
         }
     }
 
     /// Gives back in the background, as the counter's call numbered `call`: its next lease
     /// waits for the answer.
-    pub(super) fn spawn_return(&self, hit: Hit, at: Micros, call: u64) {
+    pub(super) fn spawn_return(&self, hit: Hit, at: Micros, after: Option<State>, call: u64) {
         let Some(me) = self.me.upgrade() else {
             return;
         };
         tokio::spawn(async move {
-            me.give_back(&hit, at).await;
+            me.give_back(&hit, at, after.as_ref()).await;
             me.ended(&hit.key, call);
         });
     }
 
-    pub(super) async fn give_back(&self, hit: &Hit, at: Micros) {
-        match self.leases.give_back_lease(hit, at).await {
+    pub(super) async fn give_back(&self, hit: &Hit, at: Micros, after: Option<&State>) {
+        match self.leases.give_back_lease(hit, at, after).await {
             Ok(back) => self.metrics.returned(back),
             Err(error) => {
                 tracing::debug!(%error, "returning a lease's unused budget failed; the counter under-admits until its window ends");
@@ -117,4 +130,26 @@ impl Leased {
             }
         }
     }
+}
+
+/// A bucket's new grant (`granted`, a slice of its own) added to the slice held: what the
+/// held slice has left becomes the part that expires first (with what an earlier grant left,
+/// at the earlier of their ends), and the slice lives to the new grant's end. Only the new
+/// grant can go back.
+fn add_to_bucket_slice(held: &mut Slice, granted: Slice, now: Micros) {
+    held.settle(now);
+    if held.left > 0 && held.until > now {
+        let by = held
+            .expiring
+            .map_or(held.until, |(_, by)| by.min(held.until));
+        held.expiring = Some((held.left, by));
+        held.left = held.left.saturating_add(granted.left);
+    } else {
+        held.expiring = None;
+        held.left = granted.left;
+    }
+    held.at = granted.at;
+    held.until = granted.until;
+    held.last = granted.last;
+    held.full_at = granted.full_at;
 }

@@ -1,4 +1,4 @@
-//! What this replica holds of one counter: a slice of a window's budget (`Slice`), the
+//! What this replica holds of one counter: a slice of its budget (`Slice`), the
 //! counter's recent demand (`Demand`), both under the counter's key (`Followed`); which
 //! counters are busy enough to follow (`Spotter`); and the request answered from slices
 //! (`take`).
@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::algorithm::Outcome;
+use crate::algorithm::{Outcome, State, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::CounterKey;
 use crate::storage::{Hit, Role};
@@ -36,15 +36,27 @@ pub(super) struct Followed {
     pub(super) last_used: Micros,
 }
 
-/// Budget of one window this replica holds.
-#[derive(Debug, Clone, Copy)]
+/// Budget this replica holds: of one window of a fixed window, or of a bucket (whose
+/// "window" is always 0: `window_of`).
+#[derive(Debug, Clone)]
 pub(super) struct Slice {
     pub(super) window: u64,
-    /// An instant of its window: returns are counted in that window.
+    /// The instant of its last grant: a fixed window's returns are counted in its window, a
+    /// bucket's go back as taken then.
     pub(super) at: Micros,
     pub(super) left: u64,
-    /// Used until then (its window's end at the latest).
+    /// Used until then: a fixed window's until its window's end at the latest, renewed by
+    /// each grant that finds the slice still counted; a bucket's until its last grant's life
+    /// ends, never later (`algorithm::leased`).
     pub(super) until: Micros,
+    /// A bucket's hits of `left` granted by an earlier lease, whose life ends sooner: what
+    /// of them is unused by then is dropped.
+    pub(super) expiring: Option<(u64, Micros)>,
+    /// A bucket's last grant: the state it left and the hits it granted. A return gives back
+    /// at most those, and only while the bucket is still in that state.
+    pub(super) last: Option<(State, u64)>,
+    /// When the counter's full limit is available again, as the last grant said.
+    pub(super) full_at: Micros,
 }
 
 impl Slice {
@@ -53,17 +65,45 @@ impl Slice {
         self.window == window_of(hit, now).0 && now < self.until
     }
 
-    /// What goes back to the store: the unused budget, while its window is current (a slice
-    /// of an ended window ends with its counter).
-    pub(super) fn unused_of_current(&self, hit: &Hit, now: Micros) -> Option<(Hit, Micros)> {
+    /// Drops what an earlier grant's life no longer covers at `now`.
+    pub(super) fn settle(&mut self, now: Micros) {
+        if let Some((expiring, by)) = self.expiring
+            && now >= by
+        {
+            self.left = self.left.saturating_sub(expiring);
+            self.expiring = None;
+        }
+    }
+
+    /// Takes `hits` out, the earlier grant's first.
+    fn spend(&mut self, hits: u64) {
+        self.left = self.left.saturating_sub(hits);
+        if let Some((expiring, _)) = &mut self.expiring {
+            *expiring = expiring.saturating_sub(hits);
+        }
+    }
+
+    /// What goes back to the store, with the state a bucket's return requires: a fixed
+    /// window's unused budget, while its window is current (a slice of an ended window ends
+    /// with its counter); a bucket's, at most its last grant's hits.
+    pub(super) fn unused_of_current(
+        &self,
+        hit: &Hit,
+        now: Micros,
+    ) -> Option<(Hit, Micros, Option<State>)> {
         let current = self.window == window_of(hit, now).0;
-        (current && self.left > 0).then(|| {
+        let (unused, after) = match &self.last {
+            Some((state, granted)) => (self.left.min(*granted), Some(state.clone())),
+            None => (self.left, None),
+        };
+        (current && unused > 0).then(|| {
             (
                 Hit {
-                    hits: self.left,
+                    hits: unused,
                     ..hit.clone()
                 },
                 self.at,
+                after,
             )
         })
     }
@@ -112,14 +152,16 @@ impl Followed {
     }
 
     /// Takes the slice out to give back what it holds unused (a return of `hits` at `at`,
-    /// noted in the tally), if its window is current at `now`.
-    pub(super) fn give_back_slice(&mut self, now: Micros) -> Option<(Hit, Micros)> {
-        let slice = self.slice.take()?;
-        let (unused, at) = slice.unused_of_current(&self.hit, now)?;
-        if self.tally.0 == slice.window {
+    /// with the state a bucket's requires), if its window is current at `now`. A fixed
+    /// window's return comes off the tally; a bucket's leaves it, as the store does.
+    pub(super) fn give_back_slice(&mut self, now: Micros) -> Option<(Hit, Micros, Option<State>)> {
+        let mut slice = self.slice.take()?;
+        slice.settle(now);
+        let (unused, at, after) = slice.unused_of_current(&self.hit, now)?;
+        if self.tally.0 == slice.window && after.is_none() {
             self.tally.1 = self.tally.1.saturating_sub(unused.hits);
         }
-        Some((unused, at))
+        Some((unused, at, after))
     }
 }
 
@@ -212,8 +254,12 @@ impl Spotter {
     }
 }
 
-/// The window of `hit`'s counter that `now` falls in, and when it ends.
+/// The window of `hit`'s counter that `now` falls in, and when it ends; a bucket has one
+/// window, 0, that never ends.
 pub(super) fn window_of(hit: &Hit, now: Micros) -> (u64, Micros) {
+    if leased::is_bucket(&hit.params) {
+        return (0, Micros::MAX);
+    }
     let length = hit.params.window.max(1);
     let window = now / length;
     (window, window.saturating_add(1).saturating_mul(length))
@@ -256,7 +302,14 @@ pub(super) fn take(
         *sum = sum.saturating_add(hit.hits);
     }
     for (key, sum) in &asked {
-        let left = counters.get(*key)?.slice.as_ref()?.left;
+        let slice = counters.get_mut(*key)?.slice.as_mut()?;
+        let now = hits
+            .iter()
+            .zip(nows)
+            .find(|(hit, _)| &hit.key == *key)
+            .map_or(0, |(_, &now)| now);
+        slice.settle(now);
+        let left = slice.left;
         // A check (no hits) needs one hit of room, as the store's own decision does.
         if left < (*sum).max(1) {
             return None;
@@ -266,16 +319,15 @@ pub(super) fn take(
     for (hit, &now) in hits.iter().zip(nows) {
         let followed = counters.get_mut(&hit.key)?;
         let slice = followed.slice.as_mut()?;
-        slice.left = slice.left.saturating_sub(hit.hits);
+        slice.spend(hit.hits);
         let unleased = match followed.unleased {
             Some((window, unleased)) if window == slice.window => unleased,
             _ => 0,
         };
-        let (_, end) = window_of(hit, now);
         outcomes.push(Outcome {
             allowed: true,
             remaining: slice.left.saturating_add(unleased),
-            reset_after: end.saturating_sub(now),
+            reset_after: slice.full_at.saturating_sub(now),
             retry_after: 0,
         });
     }

@@ -1,8 +1,9 @@
 //! Leases against a model of the store (the lease layouts' and the per-request path's
-//! semantics, as lease.lua, lease_return.lua and a fixed window decide them): random
-//! interleavings of requests on several replicas, leases and returns landing late, time
-//! passing (slices expiring, windows ending), counters cooling down, replicas shut down and
-//! replicas lost with their slices. No window ever admits more than its limit.
+//! semantics, as lease.lua, lease_return.lua, give_back.lua and the algorithms decide them):
+//! random interleavings of requests on several replicas, leases and returns landing late,
+//! time passing (slices expiring, windows ending), counters cooling down, replicas shut down
+//! and replicas lost with their slices. No fixed window ever admits more than its limit, and
+//! no bucket more than its burst and its refill in any interval.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use proptest::prelude::*;
 
 use super::*;
+use crate::algorithm::{Charge, decide, given_back};
 use crate::clock::{Clock, ManualClock};
 use crate::storage::Grant;
 use crate::storage::keys::{EntryValue, counter_key};
@@ -22,10 +24,12 @@ const WINDOW: Micros = 10 * MICROS_PER_SECOND;
 /// A counter in a window, as the model keys it.
 type Slot = (String, u64);
 
-/// The store as Redis holds it: a count per counter and window, and each holder's tally.
+/// The store as Redis holds it: a count per counter and window, a bucket's state, and each
+/// holder's tally.
 #[derive(Default)]
 struct Model {
     counts: HashMap<Slot, u64>,
+    states: HashMap<String, State>,
     tallies: HashMap<Slot, HashMap<String, u64>>,
     /// Drives how long each call takes to land (yields of the runtime).
     seed: u64,
@@ -53,8 +57,9 @@ impl Model {
     }
 }
 
+/// A fixed window's counter in the window of `at`; a bucket's only counter.
 fn slot(hit: &Hit, at: Micros) -> Slot {
-    (hit.key.as_str().to_owned(), at / hit.params.window)
+    (hit.key.as_str().to_owned(), window_of(hit, at).0)
 }
 
 /// One replica's view of the model: its per-request path and its leases, under its name.
@@ -79,6 +84,11 @@ impl CounterStore for View {
     /// the request's counters, and answers late.
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         let now = self.clock.now();
+        if hits.iter().any(|hit| leased::is_bucket(&hit.params)) {
+            let outcomes = self.decide_buckets(hits, now);
+            self.after_delay().await;
+            return Ok(outcomes);
+        }
         let outcomes = {
             let mut model = self.model.lock().unwrap();
             let mut asked: HashMap<Slot, u64> = HashMap::new();
@@ -111,23 +121,74 @@ impl CounterStore for View {
 }
 
 impl View {
-    fn lease_now(&self, hit: &Hit, at: Micros, held: u64) -> Grant {
+    /// Buckets' hits, all or nothing (a counter named twice asks the sum).
+    fn decide_buckets(&self, hits: &[Hit], now: Micros) -> Vec<Outcome> {
+        let mut model = self.model.lock().unwrap();
+        let mut asked: Vec<(&Hit, u64)> = Vec::new();
+        for hit in hits {
+            match asked.iter_mut().find(|(seen, _)| seen.key == hit.key) {
+                Some((_, sum)) => *sum += hit.hits,
+                None => asked.push((hit, hit.hits)),
+            }
+        }
+        let decided: Vec<_> = asked
+            .iter()
+            .map(|(hit, sum)| {
+                let state = model.states.get(hit.key.as_str());
+                (
+                    hit,
+                    decide(&hit.params, state, now, *sum, Charge::IfAllowed),
+                )
+            })
+            .collect();
+        let allowed = decided.iter().all(|(_, decided)| decided.outcome.allowed);
+        if allowed {
+            for (hit, decided) in decided {
+                if let Some(state) = decided.state {
+                    model.states.insert(hit.key.as_str().to_owned(), state);
+                }
+            }
+        }
+        hits.iter()
+            .map(|_| Outcome {
+                allowed,
+                ..Outcome::default()
+            })
+            .collect()
+    }
+
+    fn lease_now(&self, hit: &Hit, at: Micros, held: u64, life: Micros) -> Grant {
         let mut model = self.model.lock().unwrap();
         let intact = model.held(hit, at, &self.holder) >= held;
-        let granted = hit
-            .hits
-            .min(hit.params.requests.saturating_sub(model.count(hit, at)));
-        *model.counts.entry(slot(hit, at)).or_default() += granted;
-        let count = model.count(hit, at);
+        let (granted, unleased, after, reset_after) = if leased::is_bucket(&hit.params) {
+            let stored = model.states.get(hit.key.as_str());
+            let (after, taken) = leased::lease(&hit.params, stored, at, hit.hits, life);
+            if let Some(state) = &after {
+                model
+                    .states
+                    .insert(hit.key.as_str().to_owned(), state.clone());
+            }
+            (taken.granted, taken.remaining, after, taken.reset_after)
+        } else {
+            let granted = hit
+                .hits
+                .min(hit.params.requests.saturating_sub(model.count(hit, at)));
+            *model.counts.entry(slot(hit, at)).or_default() += granted;
+            let unleased = hit.params.requests.saturating_sub(model.count(hit, at));
+            let (_, end) = window_of(hit, at);
+            (granted, unleased, None, end - at)
+        };
         let tally = model.tallies.entry(slot(hit, at)).or_default();
         if granted > 0 {
             *tally.entry(self.holder.clone()).or_default() += granted;
         }
         Grant {
             granted,
-            count,
+            unleased,
             holders: tally.len() as u64,
             intact,
+            after,
+            reset_after,
         }
     }
 }
@@ -138,26 +199,46 @@ impl CounterLease for View {
         Ok(self.clock.now())
     }
 
-    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
+    async fn lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        held: u64,
+        life: Micros,
+    ) -> Result<Grant, StoreError> {
         // The call reaches the store after one delay and its answer the replica after
         // another: a reset can fall between the two.
         self.after_delay().await;
-        let grant = self.lease_now(hit, at, held);
+        let grant = self.lease_now(hit, at, held, life);
         self.after_delay().await;
         Ok(grant)
     }
 
-    async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {
+    async fn give_back_lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        after: Option<&State>,
+    ) -> Result<u64, StoreError> {
         self.after_delay().await;
-        let back = self.give_back_now(hit, at);
+        let back = self.give_back_now(hit, at, after);
         self.after_delay().await;
         Ok(back)
     }
 }
 
 impl View {
-    fn give_back_now(&self, hit: &Hit, at: Micros) -> u64 {
+    fn give_back_now(&self, hit: &Hit, at: Micros, after: Option<&State>) -> u64 {
         let mut model = self.model.lock().unwrap();
+        if let Some(after) = after {
+            let stored = model.states.get(hit.key.as_str());
+            let Some(state) = given_back::give_back(&hit.params, stored, Some(after), at, hit.hits)
+            else {
+                return 0;
+            };
+            model.states.insert(hit.key.as_str().to_owned(), state);
+            return hit.hits;
+        }
         let back = hit
             .hits
             .min(model.held(hit, at, &self.holder))
@@ -183,6 +264,8 @@ enum Step {
         hits: u64,
         shape: u8,
     },
+    /// This many requests of one hit on counter A to a replica, at once.
+    Burst { replica: usize, requests: usize },
     /// Time passes.
     Advance(Micros),
     /// The runtime runs the tasks this many turns: calls in flight move on, some land.
@@ -198,11 +281,28 @@ enum Step {
     Reset,
 }
 
+impl Step {
+    /// A request step as (replica, hits, shape, how many times); nothing for another.
+    fn requests(self) -> (usize, u64, u8, usize) {
+        match self {
+            Step::Request {
+                replica,
+                hits,
+                shape,
+            } => (replica, hits, shape, 1),
+            Step::Burst { replica, requests } => (replica, 1, 0, requests),
+            _ => (0, 0, 0, 0),
+        }
+    }
+}
+
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         12 => (0usize..3, 1u64..4, 0u8..6)
             .prop_map(|(replica, hits, shape)| Step::Request { replica, hits, shape }),
-        1 => (0u64..2 * MICROS_PER_SECOND).prop_map(Step::Advance),
+        2 => (0usize..3, 1usize..40)
+            .prop_map(|(replica, requests)| Step::Burst { replica, requests }),
+        2 => (0u64..2 * MICROS_PER_SECOND).prop_map(Step::Advance),
         2 => (0u8..16).prop_map(Step::Settle),
         1 => (0usize..3).prop_map(Step::Cool),
         1 => (0usize..3).prop_map(Step::ShutDown),
@@ -220,8 +320,12 @@ fn hit_of(requests: u64, hits: u64) -> Hit {
 }
 
 fn hit_on(route: &str, requests: u64, hits: u64) -> Hit {
+    hit_of_algorithm(Algorithm::default(), route, requests, hits)
+}
+
+fn hit_of_algorithm(algorithm: Algorithm, route: &str, requests: u64, hits: u64) -> Hit {
     let params = Params {
-        algorithm: Algorithm::default(),
+        algorithm,
         requests,
         window: WINDOW,
     };
@@ -284,9 +388,9 @@ async fn settle() {
 }
 
 /// The request of a step's shape: mostly counter A alone, else B alone, both, or A twice.
-fn request(shape: u8, hits: u64) -> Vec<Hit> {
-    let a = hit_on("a", LIMIT, hits);
-    let b = hit_on("b", LIMIT, hits);
+fn request(algorithm: Algorithm, shape: u8, hits: u64) -> Vec<Hit> {
+    let a = hit_of_algorithm(algorithm, "a", LIMIT, hits);
+    let b = hit_of_algorithm(algorithm, "b", LIMIT, hits);
     let mut request = match shape {
         3 => vec![b],
         4 => vec![a, b],
@@ -299,9 +403,11 @@ fn request(shape: u8, hits: u64) -> Vec<Hit> {
     request
 }
 
-/// Runs the steps; answers the hits each counter admitted in each window, between resets
-/// (numbered from 0).
-async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
+/// Hits admitted: the counter, the resets before them, their instant, how many.
+type Admitted = (String, u64, Micros, u64);
+
+/// Runs the steps on counters of `algorithm`; answers every request's admitted hits.
+async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
     let clock = ManualClock::at_seconds(1_795_000_000);
     let mut fleet = Fleet::new(&clock, seed);
     for _ in 0..3 {
@@ -313,40 +419,40 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
     let mut up: Vec<Arc<std::sync::atomic::AtomicBool>> = (0..3)
         .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(true)))
         .collect();
-    let mut admitted: HashMap<(Slot, u64), u64> = HashMap::new();
+    let mut admitted = Vec::new();
     let mut pending = Vec::new();
     let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
     for &step in steps {
         match step {
-            Step::Request {
-                replica,
-                hits,
-                shape,
-            } => {
-                let store = Arc::clone(&fleet.replicas[replica]);
-                let clock = clock.clone();
-                let resets = Arc::clone(&resets);
-                let up = Arc::clone(&up[replica]);
-                // Requests are in flight at once; each is decided at its first poll, in the
-                // window it then falls in, and all or nothing.
-                pending.push(tokio::spawn(async move {
-                    if !up.load(std::sync::atomic::Ordering::Relaxed) {
-                        return Vec::new();
-                    }
-                    let now = clock.now();
-                    let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
-                    let request = request(shape, hits);
-                    let outcomes = store.apply(&request).await.unwrap();
-                    let allowed = outcomes.iter().all(|outcome| outcome.allowed);
-                    assert!(
-                        allowed || outcomes.iter().all(|outcome| !outcome.allowed),
-                        "all or nothing: {outcomes:?}"
-                    );
-                    request
-                        .iter()
-                        .map(|hit| ((slot(hit, now), epoch), if allowed { hit.hits } else { 0 }))
-                        .collect::<Vec<_>>()
-                }));
+            Step::Request { .. } | Step::Burst { .. } => {
+                let (replica, hits, shape, times) = step.requests();
+                for _ in 0..times {
+                    let store = Arc::clone(&fleet.replicas[replica]);
+                    let clock = clock.clone();
+                    let resets = Arc::clone(&resets);
+                    let up = Arc::clone(&up[replica]);
+                    // Requests are in flight at once; each is decided at its first poll, in the
+                    // window it then falls in, and all or nothing.
+                    pending.push(tokio::spawn(async move {
+                        if !up.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Vec::new();
+                        }
+                        let now = clock.now();
+                        let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
+                        let request = request(algorithm, shape, hits);
+                        let outcomes = store.apply(&request).await.unwrap();
+                        let allowed = outcomes.iter().all(|outcome| outcome.allowed);
+                        assert!(
+                            allowed || outcomes.iter().all(|outcome| !outcome.allowed),
+                            "all or nothing: {outcomes:?}"
+                        );
+                        request
+                            .iter()
+                            .filter(|_| allowed)
+                            .map(|hit| (hit.key.as_str().to_owned(), epoch, now, hit.hits))
+                            .collect::<Vec<_>>()
+                    }));
+                }
             }
             Step::Advance(by) => clock.advance(by),
             Step::Settle(turns) => {
@@ -371,7 +477,10 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
                 fleet.replicas[replica] = fleet.replica();
             }
             Step::Reset => {
-                let counters = [hit_on("a", LIMIT, 1), hit_on("b", LIMIT, 1)];
+                let counters = [
+                    hit_of_algorithm(algorithm, "a", LIMIT, 1),
+                    hit_of_algorithm(algorithm, "b", LIMIT, 1),
+                ];
                 for replica in &fleet.replicas {
                     replica.forget(&counters);
                 }
@@ -379,6 +488,7 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
                     let mut model = fleet.model.lock().unwrap();
                     for counter in &counters {
                         model.counts.remove(&slot(counter, clock.now()));
+                        model.states.remove(counter.key.as_str());
                         model.tallies.remove(&slot(counter, clock.now()));
                     }
                 }
@@ -390,11 +500,44 @@ async fn run(steps: &[Step], seed: u64) -> HashMap<(Slot, u64), u64> {
         }
     }
     for request in pending {
-        for (slot, hits) in request.await.unwrap() {
-            *admitted.entry(slot).or_default() += hits;
-        }
+        admitted.extend(request.await.unwrap());
     }
     admitted
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// The most hits admitted on one counter between two resets within any interval of
+/// `length`, with the counter.
+fn most_in_any_interval(admitted: &[Admitted], length: Micros) -> (u64, String) {
+    let mut by_counter: HashMap<(&str, u64), Vec<(Micros, u64)>> = HashMap::new();
+    for (counter, epoch, at, hits) in admitted {
+        by_counter
+            .entry((counter, *epoch))
+            .or_default()
+            .push((*at, *hits));
+    }
+    let mut most = (0, String::new());
+    for ((counter, _), mut hits) in by_counter {
+        hits.sort_unstable();
+        let (mut sum, mut start) = (0, 0);
+        for end in 0..hits.len() {
+            sum += hits[end].1;
+            while hits[end].0 - hits[start].0 >= length {
+                sum -= hits[start].1;
+                start += 1;
+            }
+            if sum > most.0 {
+                most = (sum, counter.to_owned());
+            }
+        }
+    }
+    most
 }
 
 proptest! {
@@ -405,17 +548,33 @@ proptest! {
         steps in proptest::collection::vec(step(), 1..600),
         seed in any::<u64>(),
     ) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let admitted = runtime.block_on(run(&steps, seed));
-        for (((counter, window), epoch), hits) in admitted {
+        let admitted = runtime().block_on(run(&steps, seed, Algorithm::default()));
+        let mut per_window: HashMap<(String, u64, u64), u64> = HashMap::new();
+        for (counter, epoch, at, hits) in admitted {
+            *per_window.entry((counter, at / WINDOW, epoch)).or_default() += hits;
+        }
+        for ((counter, window, epoch), hits) in per_window {
             prop_assert!(
                 hits <= LIMIT,
                 "{counter} admitted {hits} of {LIMIT} in window {window} after reset {epoch}"
             );
         }
+    }
+
+    #[test]
+    fn no_interleaving_admits_more_than_a_bucket_allows(
+        steps in proptest::collection::vec(step(), 1..600),
+        seed in any::<u64>(),
+        gcra in any::<bool>(),
+        burst in 16u64..60,
+        span in 1u64..30_000_000,
+    ) {
+        let algorithm = if gcra { Algorithm::Gcra { burst } } else { Algorithm::TokenBucket { burst } };
+        let admitted = runtime().block_on(run(&steps, seed, algorithm));
+        // In any interval of length t: the burst, and what refills in t.
+        let bound = burst + (u128::from(LIMIT) * u128::from(span)).div_ceil(u128::from(WINDOW)) as u64;
+        let (most, counter) = most_in_any_interval(&admitted, span);
+        prop_assert!(most <= bound, "{counter} admitted {most} within {span} µs, bound {bound}");
     }
 }
 
@@ -483,7 +642,7 @@ async fn a_refill_after_a_reset_drops_the_stale_slice() {
     let slice_left = |replica: &Arc<Leased>| {
         let book = replica.book();
         let followed = book.counters.values().next()?;
-        followed.slice.map(|slice| slice.left)
+        followed.slice.as_ref().map(|slice| slice.left)
     };
     for _ in 0..20 {
         replica.apply(&[hit_of(10_000, 1)]).await.unwrap();
@@ -562,4 +721,72 @@ async fn a_limit_lowered_by_the_rules_is_leased_under_its_new_value() {
         settle().await;
     }
     assert_eq!(late, 0, "{count} counted under the old limit");
+}
+
+fn bucket(hits: u64) -> Hit {
+    hit_of_algorithm(
+        Algorithm::TokenBucket { burst: LIMIT },
+        "bucket",
+        LIMIT,
+        hits,
+    )
+}
+
+/// A replica's bucket made busy (5 hits at once), its first lease landed; and the bucket's
+/// remaining as the store would answer a check now.
+async fn busy_bucket(fleet: &mut Fleet) -> Arc<Leased> {
+    let replica = fleet.replica();
+    for _ in 0..5 {
+        assert!(replica.apply(&[bucket(1)]).await.unwrap()[0].allowed);
+    }
+    settle().await;
+    assert_eq!(replica.metrics.leased_hits.get(), MIN_SLICE);
+    replica
+}
+
+fn bucket_remaining(fleet: &Fleet) -> u64 {
+    let model = fleet.model.lock().unwrap();
+    let state = model.states.get(bucket(0).key.as_str()).cloned();
+    decide(
+        &bucket(0).params,
+        state.as_ref(),
+        fleet.clock.now(),
+        0,
+        Charge::IfAllowed,
+    )
+    .outcome
+    .remaining
+}
+
+#[tokio::test]
+async fn a_buckets_slice_is_used_within_its_life_only() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = busy_bucket(&mut fleet).await;
+    // The lease held back its life's refill (1 s of 6 a second, and a µs): of the 55 tokens
+    // left, it took 8 of the 54 it could, leaving 45 and a fraction.
+    assert_eq!(bucket_remaining(&fleet), 45);
+    // Within the life, hits come out of the slice; the answer counts the slice and what the
+    // lease left.
+    let outcome = replica.apply(&[bucket(1)]).await.unwrap()[0];
+    assert_eq!(replica.metrics.from_slice.get(), 1);
+    assert_eq!(outcome.remaining, (MIN_SLICE - 1) + 45);
+    // Past the life (1 s: --deny-cache-max-ttl here), the slice is not used: the hit goes to
+    // the store, and the unused 7 do not go back, the bucket having changed since the lease.
+    clock.advance(MICROS_PER_SECOND);
+    assert!(replica.apply(&[bucket(1)]).await.unwrap()[0].allowed);
+    assert_eq!(replica.metrics.from_slice.get(), 1);
+    settle().await;
+    assert_eq!(replica.metrics.returned_hits.get(), 0);
+}
+
+#[tokio::test]
+async fn a_buckets_slice_goes_back_while_the_bucket_is_as_the_lease_left_it() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = busy_bucket(&mut fleet).await;
+    replica.give_back_all().await;
+    assert_eq!(replica.metrics.returned_hits.get(), MIN_SLICE);
+    // The 8 are back; the held-back refill is not (it comes back with time, as refill).
+    assert_eq!(bucket_remaining(&fleet), 53);
 }

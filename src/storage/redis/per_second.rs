@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::RedisStore;
 use super::fanout::Part;
-use crate::algorithm::{Charge, Outcome};
+use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::MICROS_PER_SECOND;
 use crate::clock::Micros;
 use crate::storage::rule::vetoes;
@@ -127,12 +127,23 @@ impl CounterLease for PerSecondSplit {
         self.store_of(hit).instant(hit)
     }
 
-    async fn lease(&self, hit: &Hit, at: Micros, held: u64) -> Result<Grant, StoreError> {
-        self.store_of(hit).lease(hit, at, held).await
+    async fn lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        held: u64,
+        life: Micros,
+    ) -> Result<Grant, StoreError> {
+        self.store_of(hit).lease(hit, at, held, life).await
     }
 
-    async fn give_back_lease(&self, hit: &Hit, at: Micros) -> Result<u64, StoreError> {
-        self.store_of(hit).give_back_lease(hit, at).await
+    async fn give_back_lease(
+        &self,
+        hit: &Hit,
+        at: Micros,
+        after: Option<&State>,
+    ) -> Result<u64, StoreError> {
+        self.store_of(hit).give_back_lease(hit, at, after).await
     }
 }
 

@@ -1,48 +1,96 @@
-//! `Layout::Lease` (lua/lease.lua): takes part of a busy fixed window's budget for one
-//! replica (a lease), which then decides from it without a call per hit (`storage::lease`).
-//! Redis counts what it grants in the counter, as if hit, so that the counter never hands
-//! out more than its limit in all: what a replica holds is already counted. Beside the
-//! counter, the lease tally (a hash: holder → what it was granted and has not returned)
-//! bounds what a holder can give back (`LeaseReturn`) by what it took since the counter was
-//! last emptied, so a return never takes away hits that others counted after a reset, a flush
-//! or a failover. The holder says what it believes the tally holds for it: less than that
-//! means the counter was reset, flushed or rolled back since, and the holder's earlier slices
-//! of the window are stale (`Grant::intact`).
+//! `Layout::Lease` (lua/lease.lua): takes part of a busy counter's budget for one replica (a
+//! lease), which then decides from it without a call per hit (`storage::lease`). A fixed
+//! window's grant is counted as hits are, so that the counter never hands out more than its
+//! limit in all: what a replica holds is already counted. A bucket's (token bucket, GCRA) is
+//! taken by its algorithm's lease (`algorithm::leased`): hits the bucket admits at every
+//! instant of the slice's life. Beside the counter, the lease tally (a hash: holder → what it
+//! was granted and has not returned) bounds what a holder can give back of a window
+//! (`LeaseReturn`) by what it took since the counter was last emptied, so a return never
+//! takes away hits that others counted after a reset, a flush or a failover. The holder says
+//! what it believes the tally holds for it: less than that means the counter was reset,
+//! flushed or rolled back since, and the holder's earlier slices are stale (`Grant::intact`).
 
 use redis::{Cmd, Value};
 
-use super::numbers::counter_ttl_ms;
+use super::apply::numbers_of;
+use super::numbers::{counter_ttl_ms, is_counter, n, packed, state_from_numbers};
 use super::{Call, Layout, Op};
 use crate::storage::{Grant, StoreError};
 
 pub fn encode(call: &Call<'_>, command: &mut Cmd) {
-    let (Some(hit), Op::Lease { holder, held, .. }) = (call.hits.first(), call.op) else {
+    let (
+        Some(hit),
+        Op::Lease {
+            at,
+            holder,
+            held,
+            life,
+        },
+    ) = (call.hits.first(), call.op)
+    else {
         return;
     };
-    command
-        .arg(hit.params.requests)
-        .arg(hit.hits)
-        .arg(counter_ttl_ms(&hit.params, call.instant(), call.grace_ms))
-        .arg(holder)
-        .arg(held);
+    // A fixed window's counter lives to its window's end and the grace; a bucket's until it
+    // is full, which the call works out, then the grace.
+    let ttl_ms = if is_counter(&hit.params) {
+        counter_ttl_ms(&hit.params, at, call.grace_ms)
+    } else {
+        call.grace_ms
+    };
+    let [algorithm, requests, window, tick, parameter] = numbers_of(hit);
+    let numbers = [
+        algorithm,
+        requests,
+        window,
+        tick,
+        parameter,
+        n(hit.hits),
+        n(at),
+        n(life),
+        n(ttl_ms),
+        n(held),
+    ];
+    command.arg(packed(numbers).as_slice()).arg(holder);
 }
 
 pub fn decode(call: &Call<'_>, reply: Value) -> Result<Grant, StoreError> {
     let malformed = || call.malformed(Layout::Lease, &reply);
-    let Value::Array(numbers) = &reply else {
+    let Value::Array(values) = &reply else {
         return Err(malformed());
     };
-    let number = |at: usize| match numbers.get(at) {
-        Some(Value::Int(value)) => u64::try_from(*value).map_err(|_| malformed()),
-        _ => Err(malformed()),
-    };
-    if numbers.len() != 4 {
-        return Err(malformed());
+    let mut numbers = Vec::with_capacity(values.len());
+    for value in values {
+        match value {
+            Value::Int(number) => numbers.push(*number),
+            _ => return Err(malformed()),
+        }
     }
+    let &[
+        granted,
+        unleased,
+        holders,
+        intact,
+        first,
+        second,
+        reset_after,
+    ] = numbers.as_slice()
+    else {
+        return Err(malformed());
+    };
+    let count = |number: i64| u64::try_from(number).map_err(|_| malformed());
+    // A fixed window answers no state (-1 -1); a bucket whose lease took nothing neither.
+    let after = match (call.hits.first(), count(first), count(second)) {
+        (Some(hit), Ok(first), Ok(second)) if !is_counter(&hit.params) => {
+            Some(state_from_numbers(hit.params.algorithm, &[first, second]).ok_or_else(malformed)?)
+        }
+        _ => None,
+    };
     Ok(Grant {
-        granted: number(0)?,
-        count: number(1)?,
-        holders: number(2)?,
-        intact: number(3)? == 1,
+        granted: count(granted)?,
+        unleased: count(unleased)?,
+        holders: count(holders)?,
+        intact: intact == 1,
+        after,
+        reset_after: count(reset_after)?,
     })
 }

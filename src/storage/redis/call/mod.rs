@@ -43,9 +43,11 @@ pub enum Layout {
     Apply,
     /// Gives back what a committed call consumed, when its request was vetoed elsewhere.
     GiveBack,
-    /// Takes part of a fixed window's budget for this replica (`Op::Lease`).
+    /// Takes part of a busy counter's budget for this replica (`Op::Lease`): a fixed
+    /// window's, a token bucket's or a GCRA limit's.
     Lease,
-    /// Gives back what a lease granted and its holder did not use (`Op::LeaseReturn`).
+    /// Gives back what a fixed window's lease granted and its holder did not use
+    /// (`Op::LeaseReturn`); a bucket's goes back by `GiveBack`.
     LeaseReturn,
 }
 
@@ -121,12 +123,14 @@ pub enum Op<'a> {
         at: Micros,
         expected: &'a [Option<State>],
     },
-    /// Takes up to the one hit's `hits` of its window's budget at `at` for `holder` (a
-    /// replica's name), which believes the counter's tally holds `held` for it.
+    /// Takes up to the one hit's `hits` of its counter's budget at `at` for `holder` (a
+    /// replica's name), which believes the counter's tally holds `held` for it, for a slice
+    /// used until `at + life` at the latest.
     Lease {
         at: Micros,
         holder: &'a str,
         held: u64,
+        life: Micros,
     },
     /// Gives back up to the one hit's `hits` that `holder` leased in the window of `at`.
     LeaseReturn { at: Micros, holder: &'a str },
@@ -187,7 +191,8 @@ impl Call<'_> {
     }
 
     /// The lease tally of a hit's counter (`lease.rs`): its key in Redis with `:leases`
-    /// appended. A counter's key ends in its window's number, so no counter has this key.
+    /// appended. No counter has this key: a fixed window's ends in its window's number, and a
+    /// bucket's tag is a hash of its identity, which the suffix would not match.
     pub fn tally_key(&self, hit: &Hit) -> String {
         let mut key = self.key(hit);
         key.push_str(":leases");

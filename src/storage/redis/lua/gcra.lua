@@ -59,4 +59,30 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 gcra.refund = gcra.give_back
 
+-- A lease (src/algorithm/leased.rs): up to `want` hits as if they arrived at the end of the
+-- next `life` ticks and were admitted now.
+-- -> new_state (nil: none taken), granted, remaining, reset_after
+function gcra.lease(state, now, limit, window, burst, want, life)
+  if limit == 0 then
+    return nil, 0, 0, 0
+  end
+  local ahead = 0
+  if state and state[1] >= now then
+    ahead = (state[1] - now) * limit + min(state[2], limit - 1)
+  end
+  local tolerance = burst * window
+  local from = max(ahead, life * limit)
+  local granted = 0
+  if from < tolerance then
+    granted = min(want, idiv(tolerance - from, window))
+  end
+  if granted <= 0 then
+    return nil, 0, idiv(max(tolerance - ahead, 0), window), div_ceil(ahead, limit)
+  end
+  local new_ahead = from + granted * window
+  local whole = idiv(new_ahead, limit)
+  local new_state = { now + whole, new_ahead - whole * limit }
+  return new_state, granted, idiv(max(tolerance - new_ahead, 0), window), div_ceil(new_ahead, limit)
+end
+
 ALGORITHMS[5] = gcra

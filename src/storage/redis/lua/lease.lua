@@ -1,39 +1,74 @@
--- Layout Lease (src/storage/redis/call/lease.rs): a replica takes part of a fixed window's
--- budget (aligned on the epoch) to decide from without a call per hit. The grant is counted
--- as hits are, so the counter never hands out more than its limit, whoever holds it; the
--- lease tally (a hash beside the counter) records what each holder was granted, which bounds
--- what it can give back (lease_return.lua).
--- KEYS[1]   the counter: its key with the window's number appended.
+-- Layout Lease (src/storage/redis/call/lease.rs): a replica takes part of a busy counter's
+-- budget to decide from without a call per hit. A fixed window's (aligned on the epoch) is
+-- counted as hits are, so the counter never hands out more than its limit, whoever holds it;
+-- a bucket's (token bucket, GCRA) is taken by its algorithm's `lease` (src/algorithm/
+-- leased.rs): hits the bucket admits at every instant of the slice's life. The lease tally (a
+-- hash beside the counter) records what each holder was granted, which bounds what it can
+-- give back of a window (lease_return.lua) and tells a holder whether the counter was reset.
+-- KEYS[1]   the counter: a fixed window's key with the window's number appended; a bucket's
+--           key.
 -- KEYS[2]   its lease tally.
--- ARGV      limit; hits asked for; the counter's time to live in ms were it created now (to
---           its window's end, and the grace); the holder's name; what the holder believes
---           the tally holds for it (granted, less what it asked to give back).
--- Returns   {hits granted (at most those asked for, never past the limit), the count after,
---           the number of holders the tally names, 1 if the tally holds at least what the
---           holder believes else 0 (the counter was reset, flushed or rolled back since: the
---           holder's earlier slices of this window are stale)}.
+-- ARGV[1]   packed: algorithm code, requests, window (µs), tick (µs), parameter (ticks), hits
+--           asked for, the instant (µs), the slice's life (µs), the counter's time to live in
+--           ms were it created now (a fixed window: to its end, and the grace) or the grace
+--           (a bucket: its state lives until it is full, then the grace), and what the holder
+--           believes the tally holds for it (granted, less what it asked to give back).
+-- ARGV[2]   the holder's name.
+-- Returns   {hits granted (at most those asked for, never past the limit), the hits nobody
+--           holds after (what a hit decided now would find), the number of holders the tally
+--           names, 1 if the tally holds at least what the holder believes else 0 (the counter
+--           was reset, flushed or rolled back since: the holder's earlier slices are stale),
+--           the bucket's state after (its two numbers; -1 -1 for a fixed window), the time
+--           until the full limit is available again (µs)}.
+local PER_LEASE = 10
+
 local function lease(keys, argv)
   if fmod == nil then
     bind_globals()
   end
-  local limit, want, holder, expected = tonumber(argv[1]), tonumber(argv[2]), argv[4], tonumber(argv[5])
-  if limit == nil or want == nil or holder == nil or expected == nil then
+  local packed, holder = argv[1], argv[2]
+  if packed == nil or holder == nil or #packed ~= 8 * PER_LEASE or #keys ~= 2 then
+    return malformed('lease')
+  end
+  local h = numbers(packed, 1, PER_LEASE)
+  local code, limit, window_us, tick, parameter = h[1], h[2], h[3], h[4], h[5]
+  local want, at, life, ttl, expected = h[6], h[7], h[8], h[9], h[10]
+  if (code ~= 0 and ALGORITHMS[code] == nil) or tick < 1 or window_us < 1 then
     return malformed('lease')
   end
   local intact = 0
   if tonumber(redis.call('HGET', keys[2], holder) or 0) >= expected then
     intact = 1
   end
-  local count = tonumber(redis.call('GET', keys[1]) or 0)
-  local granted = min(want, max(limit - count, 0))
-  if granted > 0 then
-    local amount = string.format('%d', granted)
-    count = redis.call('INCRBY', keys[1], amount)
-    if count == granted then
-      redis.call('PEXPIRE', keys[1], argv[3])
+  local granted, remaining, reset_after, state = 0, 0, 0, nil
+  if code == 0 then
+    local count = tonumber(redis.call('GET', keys[1]) or 0)
+    granted = min(want, max(limit - count, 0))
+    if granted > 0 then
+      count = redis.call('INCRBY', keys[1], string.format('%d', granted))
+      if count == granted then
+        redis.call('PEXPIRE', keys[1], ttl)
+      end
     end
-    redis.call('HINCRBY', keys[2], holder, amount)
-    redis.call('PEXPIRE', keys[2], argv[3])
+    remaining, reset_after = max(limit - count, 0), window_us - fmod(at, window_us)
+  else
+    local window = max(idiv(window_us, tick), 1)
+    local life_ticks = idiv(life + tick - 1, tick) + 1
+    state, granted, remaining, reset_after = ALGORITHMS[code].lease(read_state(keys[1]) or nil,
+      idiv(at, tick), limit, window, parameter, want, life_ticks)
+    reset_after = reset_after * tick
+    ttl = ttl_ms(reset_after, ttl)
+    if state then
+      redis.call('SET', keys[1], encode_state(state), 'PX', ttl)
+    end
   end
-  return { granted, count, redis.call('HLEN', keys[2]), intact }
+  if granted > 0 then
+    redis.call('HINCRBY', keys[2], holder, string.format('%d', granted))
+    redis.call('PEXPIRE', keys[2], ttl)
+  end
+  local first, second = -1, -1
+  if state then
+    first, second = state[1], state[2]
+  end
+  return { granted, remaining, redis.call('HLEN', keys[2]), intact, first, second, reset_after }
 end

@@ -52,4 +52,26 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 token_bucket.refund = token_bucket.give_back
 
+-- A lease (src/algorithm/leased.rs): up to `want` tokens that the bucket would hand out at
+-- every instant of the next `life` ticks, the life's refill held back.
+-- -> new_state (nil: none taken), granted, remaining, reset_after
+function token_bucket.lease(state, now, limit, window, burst, want, life)
+  if limit == 0 then
+    return nil, 0, 0, 0
+  end
+  local capacity = burst * window
+  local level, updated = capacity, now
+  if state then
+    level = min(state[1] + max(now - state[2], 0) * limit, capacity)
+    updated = max(state[2], now)
+  end
+  local usable = min(level, max(capacity - life * limit, 0))
+  local granted = min(want, idiv(usable, window))
+  if granted <= 0 then
+    return nil, 0, idiv(level, window), div_ceil(capacity - level, limit)
+  end
+  local level_after = usable - granted * window
+  return { level_after, updated }, granted, idiv(level_after, window), div_ceil(capacity - level_after, limit)
+end
+
 ALGORITHMS[4] = token_bucket

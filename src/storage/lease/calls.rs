@@ -3,7 +3,7 @@
 
 use super::slice::{Slice, window_of};
 use super::{Asked, Book, Leased};
-use crate::algorithm::State;
+use crate::algorithm::{State, leased};
 use crate::clock::Micros;
 use crate::storage::{Grant, Hit, StoreError};
 
@@ -93,7 +93,8 @@ impl Leased {
             full_at,
         };
         match &mut followed.slice {
-            Some(held) if held.window == window && slice.last.is_some() => {
+            // A bucket's grant is good for its own life: it never renews the slice held.
+            Some(held) if leased::is_bucket(&hit.params) => {
                 if grant.granted > 0 {
                     add_to_bucket_slice(held, slice, asked.at);
                 }

@@ -31,6 +31,8 @@ struct Model {
     counts: HashMap<Slot, u64>,
     states: HashMap<String, State>,
     tallies: HashMap<Slot, HashMap<String, u64>>,
+    /// Lease calls that reached it, whatever they granted.
+    leases: u64,
     /// Drives how long each call takes to land (yields of the runtime).
     seed: u64,
 }
@@ -159,6 +161,7 @@ impl View {
 
     fn lease_now(&self, hit: &Hit, at: Micros, held: u64, life: Micros) -> Grant {
         let mut model = self.model.lock().unwrap();
+        model.leases += 1;
         let intact = model.held(hit, at, &self.holder) >= held;
         let (granted, unleased, after, reset_after) = if leased::is_bucket(&hit.params) {
             let stored = model.states.get(hit.key.as_str());
@@ -789,4 +792,42 @@ async fn a_buckets_slice_goes_back_while_the_bucket_is_as_the_lease_left_it() {
     assert_eq!(replica.metrics.returned_hits.get(), MIN_SLICE);
     // The 8 are back; the held-back refill is not (it comes back with time, as refill).
     assert_eq!(bucket_remaining(&fleet), 53);
+}
+
+#[tokio::test]
+async fn a_buckets_lease_that_grants_nothing_leaves_the_slices_life_as_it_was() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = busy_bucket(&mut fleet).await;
+    // Half a second on, another replica empties the bucket: the next lease finds nothing to
+    // take.
+    clock.advance(MICROS_PER_SECOND / 2);
+    drain(&fleet, clock.now());
+    for _ in 0..6 {
+        assert!(replica.apply(&[bucket(1)]).await.unwrap()[0].allowed);
+        settle().await;
+    }
+    assert_eq!(replica.metrics.from_slice.get(), 6);
+    assert_eq!(fleet.model.lock().unwrap().leases, 2, "a refill was asked for");
+    assert_eq!(replica.metrics.leased_hits.get(), MIN_SLICE, "and granted nothing");
+    // The slice still ends 1 s after its lease, not after the empty one: its last 2 hits are
+    // not used past it.
+    clock.advance(MICROS_PER_SECOND / 2);
+    replica.apply(&[bucket(1)]).await.unwrap();
+    assert_eq!(replica.metrics.from_slice.get(), 6);
+}
+
+/// Takes every token the bucket has at `now`, as another replica would.
+fn drain(fleet: &Fleet, now: Micros) {
+    let mut model = fleet.model.lock().unwrap();
+    let key = bucket(0).key.as_str().to_owned();
+    let state = model.states.get(&key).cloned();
+    let params = bucket(0).params;
+    let left = decide(&params, state.as_ref(), now, 0, Charge::IfAllowed)
+        .outcome
+        .remaining;
+    let drained = decide(&params, state.as_ref(), now, left, Charge::IfAllowed);
+    if let Some(state) = drained.state {
+        model.states.insert(key, state);
+    }
 }

@@ -32,10 +32,7 @@ pub fn decide(
     // In ticks of 1/limit µs: one hit is `window` ticks, and the tolerance `burst` hits.
     let n = u128::from(limit);
     let now_ticks = u128::from(now) * n;
-    let stored = state.map_or(0, |s| {
-        u128::from(s.tat) * n + u128::from(s.remainder.min(limit - 1))
-    });
-    let tat = stored.max(now_ticks);
+    let tat = tat_at(state, now_ticks, limit);
     let (interval, tolerance) = (u128::from(window), u128::from(burst) * u128::from(window));
     let need = u128::from(hits.max(1)) * interval;
     let allowed = tat + need - now_ticks <= tolerance;
@@ -69,6 +66,16 @@ pub fn decide(
     (state, outcome)
 }
 
+/// The TAT in ticks of 1/`limit` µs, never before `now_ticks` (a TAT behind now is a full
+/// bucket).
+fn tat_at(state: Option<&State>, now_ticks: u128, limit: u64) -> u128 {
+    let n = u128::from(limit);
+    let stored = state.map_or(0, |s| {
+        u128::from(s.tat) * n + u128::from(s.remainder.min(limit - 1))
+    });
+    stored.max(now_ticks)
+}
+
 /// Takes up to `want` hits for a lease whose slice is used over the next `life` ticks
 /// (`leased::lease`): as if they arrived at the end of the life (the TAT moves to it at the
 /// least) and were admitted now, so each is one the bucket admits at every instant of the
@@ -87,10 +94,7 @@ pub fn lease(
     }
     let n = u128::from(limit);
     let now_ticks = u128::from(now) * n;
-    let stored = state.map_or(0, |s| {
-        u128::from(s.tat) * n + u128::from(s.remainder.min(limit - 1))
-    });
-    let tat = stored.max(now_ticks);
+    let tat = tat_at(state, now_ticks, limit);
     let (interval, tolerance) = (u128::from(window), u128::from(burst) * u128::from(window));
     let from = tat.max(now_ticks + u128::from(life) * n);
     let room = (now_ticks + tolerance).saturating_sub(from) / interval;

@@ -32,14 +32,7 @@ pub fn decide(
     }
     let (rate, token) = (u128::from(limit), u128::from(window));
     let capacity = u128::from(burst) * token;
-    let level = match state {
-        // A clock stepping back refills nothing.
-        Some(state) => (u128::from(state.level)
-            + u128::from(now.saturating_sub(state.updated)) * rate)
-            .min(capacity),
-        None => capacity,
-    };
-    let updated = state.map_or(now, |state| state.updated.max(now));
+    let (level, updated) = level_at(state, now, rate, capacity);
     let need = u128::from(hits.max(1)) * token;
     let allowed = need <= level;
     let consumed = charge.consumed(allowed, hits);
@@ -70,6 +63,19 @@ pub fn decide(
     (state, outcome)
 }
 
+/// The level at `now`, refilled at `rate` since the last update up to `capacity` (a clock
+/// stepping back refills nothing; no state: full), and the instant it is then kept at.
+fn level_at(state: Option<&State>, now: Micros, rate: u128, capacity: u128) -> (u128, Micros) {
+    match state {
+        Some(state) => {
+            let refill = u128::from(now.saturating_sub(state.updated)) * rate;
+            let level = (u128::from(state.level) + refill).min(capacity);
+            (level, state.updated.max(now))
+        }
+        None => (capacity, now),
+    }
+}
+
 /// Takes up to `want` tokens for a lease whose slice is used over the next `life` ticks
 /// (`leased::lease`): only tokens the bucket would hand out at every instant of that life, so
 /// what the refill of the life would add is held back (the level is capped at the capacity
@@ -89,13 +95,7 @@ pub fn lease(
     }
     let (rate, token) = (u128::from(limit), u128::from(window));
     let capacity = u128::from(burst) * token;
-    let level = match state {
-        Some(state) => (u128::from(state.level)
-            + u128::from(now.saturating_sub(state.updated)) * rate)
-            .min(capacity),
-        None => capacity,
-    };
-    let updated = state.map_or(now, |state| state.updated.max(now));
+    let (level, updated) = level_at(state, now, rate, capacity);
     let usable = level.min(capacity.saturating_sub(u128::from(life) * rate));
     let granted = u128::from(want).min(usable / token);
     let level_after = if granted > 0 {

@@ -207,10 +207,12 @@ pub struct Grant {
     pub granted: u64,
     /// What nobody holds after the grant: the hits a decision now would find.
     pub unleased: u64,
-    /// How many replicas hold (or held, this window) part of the counter's budget.
+    /// How many replicas hold part of the counter's budget (a fixed window's: or held, this
+    /// window).
     pub holders: u64,
     /// Whether the store still counts what this replica believed it held: if not, the counter
     /// was reset, flushed or rolled back since its earlier leases, whose slices are stale.
+    /// Always for a bucket, whose slices end with their lives.
     pub intact: bool,
     /// A bucket's state after the grant, which a return requires it to still be in.
     pub after: Option<State>,

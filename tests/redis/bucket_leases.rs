@@ -1,6 +1,7 @@
 //! Leases of buckets (token bucket, GCRA) on a real redis-server: the lease layout takes what
-//! the algorithm's Rust lease takes, step for step; a bucket's return goes back only while the
-//! bucket is as its lease left it; and replicas leasing one busy bucket never admit more than
+//! the algorithm's Rust lease takes, step for step, and counts as holders the replicas whose
+//! slices still live; a bucket's return goes back only while the bucket is as its lease left
+//! it; and replicas leasing one busy bucket never admit more than
 //! its burst and its refill.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -100,7 +101,7 @@ async fn a_buckets_lease_takes_what_its_algorithm_takes_and_goes_back_only_as_le
         let taken = a.lease(&of(10), at, 0, second).await.unwrap();
         assert_eq!(taken.granted, 10, "{algorithm}");
         let taken_after = b.lease(&of(5), at, 0, second).await.unwrap();
-        assert_eq!(taken_after.granted, 5, "{algorithm}");
+        assert_eq!((taken_after.granted, taken_after.holders), (5, 2), "{algorithm}");
         let back = a.give_back_lease(&of(10), at, taken.after.as_ref()).await;
         assert_eq!(back.unwrap(), 0, "{algorithm}");
         let back = b
@@ -110,6 +111,9 @@ async fn a_buckets_lease_takes_what_its_algorithm_takes_and_goes_back_only_as_le
         // The 5 are back: a lease now finds what it found before b took them.
         let again = b.lease(&of(100), at, 0, second).await.unwrap();
         assert_eq!(again.granted, taken_after.unleased + 5, "{algorithm}");
+        // Once a's slice has ended, only b holds one.
+        let later = b.lease(&of(1), at + 2 * second, 0, second).await.unwrap();
+        assert_eq!((later.granted, later.holders), (1, 1), "{algorithm}");
     }
 }
 

@@ -182,14 +182,24 @@ impl View {
             (granted, unleased, None, end - at)
         };
         let tally = model.tallies.entry(slot(hit, at)).or_default();
-        if granted > 0 {
-            *tally.entry(self.holder.clone()).or_default() += granted;
+        let bucket = leased::is_bucket(&hit.params);
+        // A bucket's tally names each holder with its last slice's end, and counts those
+        // still live; a fixed window's, what each was granted.
+        match (bucket, granted > 0) {
+            (true, true) => {
+                tally.insert(self.holder.clone(), at + life);
+            }
+            (false, true) => *tally.entry(self.holder.clone()).or_default() += granted,
+            _ => {}
+        }
+        if bucket {
+            tally.retain(|_, end| *end > at);
         }
         Grant {
             granted,
             unleased,
             holders: tally.len() as u64,
-            intact,
+            intact: bucket || intact,
             after,
             reset_after,
         }

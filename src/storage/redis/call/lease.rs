@@ -3,12 +3,14 @@
 //! window's grant is counted as hits are, so that the counter never hands out more than its
 //! limit in all: what a replica holds is already counted. A bucket's (token bucket, GCRA) is
 //! taken by its algorithm's lease (`algorithm::leased`): hits the bucket admits at every
-//! instant of the slice's life. Beside the counter, the lease tally (a hash: holder → what it
-//! was granted and has not returned) bounds what a holder can give back of a window
-//! (`LeaseReturn`) by what it took since the counter was last emptied, so a return never
-//! takes away hits that others counted after a reset, a flush or a failover. The holder says
-//! what it believes the tally holds for it: less than that means the counter was reset,
-//! flushed or rolled back since, and the holder's earlier slices are stale (`Grant::intact`).
+//! instant of the slice's life. Beside the counter, the lease tally (a hash): a fixed
+//! window's (holder → what it was granted and has not returned) bounds what a holder can give
+//! back of a window (`LeaseReturn`) by what it took since the counter was last emptied, so a
+//! return never takes away hits that others counted after a reset, a flush or a failover. The
+//! holder says what it believes the tally holds for it: less than that means the counter was
+//! reset, flushed or rolled back since, and the holder's earlier slices are stale
+//! (`Grant::intact`). A bucket's (holder → its last slice's end) counts the holders whose
+//! slices still live; its slices need no such check, each ending with its life.
 
 use redis::{Cmd, Value};
 

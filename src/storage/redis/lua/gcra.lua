@@ -5,14 +5,19 @@
 
 local gcra = {}
 
+-- How far the TAT is ahead of `now`, in ticks of 1/limit (0: a full bucket).
+local function gcra_ahead(state, now, limit)
+  if state and state[1] >= now then
+    return (state[1] - now) * limit + min(state[2], limit - 1)
+  end
+  return 0
+end
+
 function gcra.decide(state, now, limit, window, burst, hits, charge)
   if limit == 0 then
     return never(window)
   end
-  local ahead = 0
-  if state and state[1] >= now then
-    ahead = (state[1] - now) * limit + min(state[2], limit - 1)
-  end
+  local ahead = gcra_ahead(state, now, limit)
   local tolerance = burst * window
   local need = max(hits, 1)
   local allowed = need <= burst and ahead + need * window <= tolerance
@@ -66,10 +71,7 @@ function gcra.lease(state, now, limit, window, burst, want, life)
   if limit == 0 then
     return nil, 0, 0, 0
   end
-  local ahead = 0
-  if state and state[1] >= now then
-    ahead = (state[1] - now) * limit + min(state[2], limit - 1)
-  end
+  local ahead = gcra_ahead(state, now, limit)
   local tolerance = burst * window
   local from = max(ahead, life * limit)
   local granted = 0

@@ -2,9 +2,12 @@
 -- budget to decide from without a call per hit. A fixed window's (aligned on the epoch) is
 -- counted as hits are, so the counter never hands out more than its limit, whoever holds it;
 -- a bucket's (token bucket, GCRA) is taken by its algorithm's `lease` (src/algorithm/
--- leased.rs): hits the bucket admits at every instant of the slice's life. The lease tally (a
--- hash beside the counter) records what each holder was granted, which bounds what it can
--- give back of a window (lease_return.lua) and tells a holder whether the counter was reset.
+-- leased.rs): hits the bucket admits at every instant of the slice's life. Beside the counter,
+-- the lease tally (a hash): a fixed window's records what each holder was granted, which
+-- bounds what it can give back of a window (lease_return.lua) and tells a holder whether the
+-- counter was reset; a bucket's names each holder with the end of its last slice's life, so
+-- that holders whose slices have ended (a replica gone) are no longer counted. A bucket's
+-- slices need no reset check: each ends with its life.
 -- KEYS[1]   the counter: a fixed window's key with the window's number appended; a bucket's
 --           key.
 -- KEYS[2]   its lease tally.
@@ -16,11 +19,26 @@
 -- ARGV[2]   the holder's name.
 -- Returns   {hits granted (at most those asked for, never past the limit), the hits nobody
 --           holds after (what a hit decided now would find), the number of holders the tally
---           names, 1 if the tally holds at least what the holder believes else 0 (the counter
---           was reset, flushed or rolled back since: the holder's earlier slices are stale),
+--           names (a bucket's: whose slices still live), 1 if the tally holds at least what the
+--           holder believes else 0 (a fixed window reset, flushed or rolled back since: the
+--           holder's earlier slices are stale; always 1 for a bucket),
 --           the bucket's state after (its two numbers; -1 -1 for a fixed window), the time
 --           until the full limit is available again (µs)}.
 local PER_LEASE = 10
+
+-- The holders a bucket's tally names whose slices live past `at`; those whose have ended
+-- are taken out.
+local function live_holders(tally, at)
+  local entries, live = redis.call('HGETALL', tally), 0
+  for i = 1, #entries, 2 do
+    if tonumber(entries[i + 1]) > at then
+      live = live + 1
+    else
+      redis.call('HDEL', tally, entries[i])
+    end
+  end
+  return live
+end
 
 local function lease(keys, argv)
   if fmod == nil then
@@ -36,12 +54,12 @@ local function lease(keys, argv)
   if (code ~= 0 and ALGORITHMS[code] == nil) or tick < 1 or window_us < 1 then
     return malformed('lease')
   end
-  local intact = 0
-  if tonumber(redis.call('HGET', keys[2], holder) or 0) >= expected then
-    intact = 1
-  end
+  local intact, holders = 1, 0
   local granted, remaining, reset_after, state = 0, 0, 0, nil
   if code == 0 then
+    if tonumber(redis.call('HGET', keys[2], holder) or 0) < expected then
+      intact = 0
+    end
     local count = tonumber(redis.call('GET', keys[1]) or 0)
     granted = min(want, max(limit - count, 0))
     if granted > 0 then
@@ -51,6 +69,11 @@ local function lease(keys, argv)
       end
     end
     remaining, reset_after = max(limit - count, 0), window_us - fmod(at, window_us)
+    if granted > 0 then
+      redis.call('HINCRBY', keys[2], holder, string.format('%d', granted))
+      redis.call('PEXPIRE', keys[2], ttl)
+    end
+    holders = redis.call('HLEN', keys[2])
   else
     local window = max(idiv(window_us, tick), 1)
     local life_ticks = idiv(life + tick - 1, tick) + 1
@@ -60,15 +83,14 @@ local function lease(keys, argv)
     ttl = ttl_ms(reset_after, ttl)
     if state then
       redis.call('SET', keys[1], encode_state(state), 'PX', ttl)
+      redis.call('HSET', keys[2], holder, string.format('%d', at + life))
+      redis.call('PEXPIRE', keys[2], div_ceil(life, 1000) + h[9])
     end
-  end
-  if granted > 0 then
-    redis.call('HINCRBY', keys[2], holder, string.format('%d', granted))
-    redis.call('PEXPIRE', keys[2], ttl)
+    holders = live_holders(keys[2], at)
   end
   local first, second = -1, -1
   if state then
     first, second = state[1], state[2]
   end
-  return { granted, remaining, redis.call('HLEN', keys[2]), intact, first, second, reset_after }
+  return { granted, remaining, holders, intact, first, second, reset_after }
 end

@@ -4,17 +4,21 @@
 
 local token_bucket = {}
 
+-- The level at `now` and the instant it is kept at (Rust's level_at).
+local function bucket_level(state, now, limit, capacity)
+  if not state then
+    return capacity, now
+  end
+  -- A product past 2^53 is inexact but far above capacity, so the min is still exact.
+  return min(state[1] + max(now - state[2], 0) * limit, capacity), max(state[2], now)
+end
+
 function token_bucket.decide(state, now, limit, window, burst, hits, charge)
   if limit == 0 then
     return never(window)
   end
   local capacity = burst * window
-  local level, updated = capacity, now
-  if state then
-    -- A product past 2^53 is inexact but far above capacity, so the min is still exact.
-    level = min(state[1] + max(now - state[2], 0) * limit, capacity)
-    updated = max(state[2], now)
-  end
+  local level, updated = bucket_level(state, now, limit, capacity)
   local need = max(hits, 1)
   -- Compared by hits first: need × window could pass 2^53.
   local allowed = need <= burst and need * window <= level
@@ -60,11 +64,7 @@ function token_bucket.lease(state, now, limit, window, burst, want, life)
     return nil, 0, 0, 0
   end
   local capacity = burst * window
-  local level, updated = capacity, now
-  if state then
-    level = min(state[1] + max(now - state[2], 0) * limit, capacity)
-    updated = max(state[2], now)
-  end
+  local level, updated = bucket_level(state, now, limit, capacity)
   local usable = min(level, max(capacity - life * limit, 0))
   local granted = min(want, idiv(usable, window))
   if granted <= 0 then

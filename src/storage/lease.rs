@@ -22,7 +22,6 @@
 //! most the last grant, only while the bucket is as that grant left it (nobody has taken from
 //! it since, so the hits go back as if never taken). Anything else unused is lost.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -34,7 +33,7 @@ use crate::limit::Lease;
 use crate::metrics::Metrics;
 use crate::metrics::lease::LeaseMetrics;
 use crate::storage::PerHit;
-use slice::{Followed, Spotter, follow, take, window_of};
+use slice::{Followed, Followers, Spotter, follow, take, window_of};
 
 /// How this replica leases (`--lease` and its companions).
 #[derive(Debug, Clone, Copy)]
@@ -71,7 +70,7 @@ pub struct Leased {
 /// The counters this replica follows, and what it knows of the others.
 #[derive(Default)]
 struct Book {
-    counters: HashMap<CounterKey, Followed>,
+    counters: Followers,
     spotter: Spotter,
     /// Resets of counters so far: a grant asked for before one is not trusted.
     resets: u64,
@@ -192,17 +191,25 @@ impl Leased {
         let book = &mut *guard;
         let mut local = true;
         let mut returns = Vec::new();
+        // Each hit's counter in the book, found once (its key hashed once a request).
+        let mut found: PerHit<Option<usize>> = PerHit::with_capacity(hits.len());
         for (hit, now) in hits.iter().zip(nows) {
             let Some(now) = *now else {
                 local = false;
+                found.push(None);
                 continue;
             };
             let hits_now = hit.hits.max(1);
             let busy_rate = self.settings.busy_rate;
             let spotter = &mut book.spotter;
             let busy = || spotter.busy(&hit.key, now, hits_now, busy_rate);
-            let Some(followed) = follow(&mut book.counters, hit, now, busy) else {
+            let Some(index) = follow(&mut book.counters, hit, now, busy) else {
                 local = false;
+                found.push(None);
+                continue;
+            };
+            found.push(Some(index));
+            let Some((_, followed)) = book.counters.get_index_mut(index) else {
                 continue;
             };
             followed.demand.add(now, hits_now);
@@ -230,22 +237,24 @@ impl Leased {
                 }
             }
         }
-        let instants: Vec<Micros> = nows.iter().map(|now| now.unwrap_or(0)).collect();
         let outcomes = if local {
-            take(&mut book.counters, hits, &instants)
+            take(&mut book.counters, hits, nows, &found)
         } else {
             None
         };
         let waited = outcomes.is_none()
             && hits.iter().all(|hit| self.leasable(hit))
-            && hits.iter().any(|hit| {
+            && found.iter().flatten().any(|&index| {
                 book.counters
-                    .get(&hit.key)
-                    .is_some_and(|followed| followed.call.is_some())
+                    .get_index(index)
+                    .is_some_and(|(_, followed)| followed.call.is_some())
             });
         let mut leases = Vec::new();
-        for (hit, now) in hits.iter().zip(nows) {
-            let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key)) else {
+        for ((hit, now), index) in hits.iter().zip(nows).zip(&found) {
+            let (Some(now), Some(index)) = (*now, *index) else {
+                continue;
+            };
+            let Some((_, followed)) = book.counters.get_index_mut(index) else {
                 continue;
             };
             let life = self.life(&followed.hit);

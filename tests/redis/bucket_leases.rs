@@ -101,7 +101,11 @@ async fn a_buckets_lease_takes_what_its_algorithm_takes_and_goes_back_only_as_le
         let taken = a.lease(&of(10), at, 0, second).await.unwrap();
         assert_eq!(taken.granted, 10, "{algorithm}");
         let taken_after = b.lease(&of(5), at, 0, second).await.unwrap();
-        assert_eq!((taken_after.granted, taken_after.holders), (5, 2), "{algorithm}");
+        assert_eq!(
+            (taken_after.granted, taken_after.holders),
+            (5, 2),
+            "{algorithm}"
+        );
         let back = a.give_back_lease(&of(10), at, taken.after.as_ref()).await;
         assert_eq!(back.unwrap(), 0, "{algorithm}");
         let back = b

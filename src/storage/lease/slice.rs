@@ -3,13 +3,18 @@
 //! counters are busy enough to follow (`Spotter`); and the request answered from slices
 //! (`take`).
 
-use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::hash::{Hash, Hasher};
+
+use indexmap::IndexMap;
 
 use crate::algorithm::{Outcome, State, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::CounterKey;
 use crate::storage::{Hit, Role};
+
+/// The counters followed, by key: an index found once a request reaches each again.
+pub(super) type Followers = IndexMap<CounterKey, Followed, RandomState>;
 
 /// Counters followed at once; past it, no new one is (the spotter keeps cold counters out,
 /// so only a fleet of busy ones reaches it).
@@ -265,59 +270,65 @@ pub(super) fn window_of(hit: &Hit, now: Micros) -> (u64, Micros) {
     (window, window.saturating_add(1).saturating_mul(length))
 }
 
-/// The counter `hit` is followed under, if it is or, busy now (`busy`: the hits seen this
-/// second, the current ones included, once busy), there is room to follow it. The current
-/// hits are left for the caller to add to its demand.
-pub(super) fn follow<'a>(
-    counters: &'a mut HashMap<CounterKey, Followed>,
+/// The index of the counter `hit` is followed under, if it is or, busy now (`busy`: the hits
+/// seen this second, the current ones included, once busy), there is room to follow it. The
+/// current hits are left for the caller to add to its demand.
+pub(super) fn follow(
+    counters: &mut Followers,
     hit: &Hit,
     now: Micros,
     busy: impl FnOnce() -> Option<u64>,
-) -> Option<&'a mut Followed> {
-    if !counters.contains_key(&hit.key) {
-        if counters.len() >= MAX_FOLLOWED {
-            return None;
-        }
-        let seen = busy()?;
-        let mut followed = Followed::new(hit, now);
-        followed
-            .demand
-            .add(now, seen.saturating_sub(hit.hits.max(1)));
-        counters.insert(hit.key.clone(), followed);
+) -> Option<usize> {
+    if let Some(index) = counters.get_index_of(&hit.key) {
+        return Some(index);
     }
-    counters.get_mut(&hit.key)
+    if counters.len() >= MAX_FOLLOWED {
+        return None;
+    }
+    let seen = busy()?;
+    let mut followed = Followed::new(hit, now);
+    followed
+        .demand
+        .add(now, seen.saturating_sub(hit.hits.max(1)));
+    Some(counters.insert_full(hit.key.clone(), followed).0)
 }
 
 /// Takes every hit from its counter's slice, if each slice holds what the request asks of
 /// it (a counter named twice asks the sum); else leaves every slice as it was. `nows`: each
-/// hit's instant, by its store's clock.
+/// hit's instant, by its store's clock; `found`: each hit's counter in `counters`.
 pub(super) fn take(
-    counters: &mut HashMap<CounterKey, Followed>,
+    counters: &mut Followers,
     hits: &[Hit],
-    nows: &[Micros],
+    nows: &[Option<Micros>],
+    found: &[Option<usize>],
 ) -> Option<Vec<Outcome>> {
-    let mut asked: HashMap<&CounterKey, u64> = HashMap::with_capacity(hits.len());
-    for hit in hits {
-        let sum = asked.entry(&hit.key).or_default();
-        *sum = sum.saturating_add(hit.hits);
-    }
-    for (key, sum) in &asked {
-        let slice = counters.get_mut(*key)?.slice.as_mut()?;
-        let now = hits
-            .iter()
-            .zip(nows)
-            .find(|(hit, _)| &hit.key == *key)
-            .map_or(0, |(_, &now)| now);
+    // What the request asks of each counter, its hits summed: sorted by counter, so that a
+    // counter named twice is one entry whatever the request's size.
+    let mut asked: smallvec::SmallVec<[(usize, u64, Micros); 2]> = hits
+        .iter()
+        .zip(nows)
+        .zip(found)
+        .map(|((hit, now), index)| Some(((*index)?, hit.hits, (*now)?)))
+        .collect::<Option<_>>()?;
+    asked.sort_unstable_by_key(|&(index, ..)| index);
+    asked.dedup_by(|later, first| {
+        let same = later.0 == first.0;
+        if same {
+            first.1 = first.1.saturating_add(later.1);
+        }
+        same
+    });
+    for &(index, sum, now) in &asked {
+        let slice = counters.get_index_mut(index)?.1.slice.as_mut()?;
         slice.settle(now);
-        let left = slice.left;
         // A check (no hits) needs one hit of room, as the store's own decision does.
-        if left < (*sum).max(1) {
+        if slice.left < sum.max(1) {
             return None;
         }
     }
     let mut outcomes = Vec::with_capacity(hits.len());
-    for (hit, &now) in hits.iter().zip(nows) {
-        let followed = counters.get_mut(&hit.key)?;
+    for ((hit, now), index) in hits.iter().zip(nows).zip(found) {
+        let (now, followed) = ((*now)?, counters.get_index_mut((*index)?)?.1);
         let slice = followed.slice.as_mut()?;
         slice.spend(hit.hits);
         let unleased = match followed.unleased {

@@ -818,8 +818,16 @@ async fn a_buckets_lease_that_grants_nothing_leaves_the_slices_life_as_it_was() 
         settle().await;
     }
     assert_eq!(replica.metrics.from_slice.get(), 6);
-    assert_eq!(fleet.model.lock().unwrap().leases, 2, "a refill was asked for");
-    assert_eq!(replica.metrics.leased_hits.get(), MIN_SLICE, "and granted nothing");
+    assert_eq!(
+        fleet.model.lock().unwrap().leases,
+        2,
+        "a refill was asked for"
+    );
+    assert_eq!(
+        replica.metrics.leased_hits.get(),
+        MIN_SLICE,
+        "and granted nothing"
+    );
     // The slice still ends 1 s after its lease, not after the empty one: its last 2 hits are
     // not used past it.
     clock.advance(MICROS_PER_SECOND / 2);

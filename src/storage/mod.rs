@@ -157,8 +157,10 @@ pub trait CounterReset: Send + Sync + 'static {
 }
 
 /// Leasing a busy counter's budget (`lease.rs`): a store shared by replicas grants this
-/// replica part of a fixed window's budget, counted as hits, which it then decides from
-/// without a call per hit; what it does not use it gives back while the window lasts.
+/// replica part of a fixed window's budget, counted as hits, or of a bucket's, for a slice's
+/// life (`algorithm::leased`), which it then decides from without a call per hit; what it
+/// does not use it gives back (a fixed window's while the window lasts, a bucket's while
+/// nobody has taken from it since).
 #[tonic::async_trait]
 pub trait CounterLease: Send + Sync + 'static {
     /// The instant the store of `hit`'s counter decides at right now (Redis's clock, as this

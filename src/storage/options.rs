@@ -19,7 +19,8 @@ pub enum LeaseMode {
     /// Every hit is decided by the store, unless its rule says `lease: auto`.
     #[default]
     Off,
-    /// Busy fixed windows are leased, unless their rule says `lease: off`.
+    /// Busy fixed windows, token buckets and GCRA limits are leased, unless their rule says
+    /// `lease: off`.
     Auto,
 }
 
@@ -109,7 +110,8 @@ pub struct StoreOptions {
     pub deny_cache_max_ttl: Duration,
 
     /// Lease the budget of busy counters whose rule does not say (`lease:`): `auto` leases a
-    /// fixed window (aligned on the epoch) while this replica sees it busy, and answers its
+    /// fixed window (aligned on the epoch), a token bucket or a GCRA limit while this replica
+    /// sees it busy, and answers its
     /// hits from the slice held, without a Redis call each (docs/algorithms.md, "Leases");
     /// `off` decides every hit in Redis.
     #[arg(long, env = "TOLLGATE_LEASE", value_enum, default_value_t = LeaseMode::Off)]

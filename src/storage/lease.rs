@@ -215,12 +215,8 @@ impl Leased {
             followed.demand.add(now, hits_now);
             followed.last_used = now;
             // The rules changed the limit (the key is the same): what was leased under the
-            // old one goes back, and the next lease asks under the new one.
+            // old one goes back under the old one, and the next lease asks under the new one.
             let changed = followed.hit.params != hit.params;
-            if changed {
-                followed.hit.params = hit.params;
-                followed.unleased = None;
-            }
             let stale = followed
                 .slice
                 .as_ref()
@@ -235,6 +231,10 @@ impl Leased {
                     followed.call = Some(call);
                     returns.push((unused, at, after, call));
                 }
+            }
+            if changed {
+                followed.hit.params = hit.params;
+                followed.unleased = None;
             }
         }
         let outcomes = if local {

@@ -1,8 +1,10 @@
 //! Leases of buckets (token bucket, GCRA) on a real redis-server: the lease layout takes what
 //! the algorithm's Rust lease takes, step for step, and counts as holders the replicas whose
 //! slices still live; a bucket's return goes back only while the bucket is as its lease left
-//! it; and replicas leasing one busy bucket never admit more than
-//! its burst and its refill.
+//! it; and replicas leasing one busy bucket share its burst and its refill without exceeding
+//! them, most decisions answered from slices. (That slices are used only within their life,
+//! with the life's refill held back, is held by the property tests of `algorithm::leased` and
+//! `storage::lease`, whose instants a test chooses.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -122,7 +124,7 @@ async fn a_buckets_lease_takes_what_its_algorithm_takes_and_goes_back_only_as_le
 }
 
 #[tokio::test]
-async fn replicas_leasing_one_bucket_never_admit_more_than_its_burst_and_refill() {
+async fn replicas_leasing_one_bucket_share_its_burst_and_refill_without_exceeding_them() {
     const LIMIT: u64 = 6_000;
     let fleet = Fleet::start(4);
     fleet.ready().await;

@@ -137,7 +137,7 @@ impl Leased {
 /// held slice has left becomes the part that expires first (with what an earlier grant left,
 /// at the earlier of their ends), and the slice lives to the new grant's end. Only the new
 /// grant can go back.
-fn add_to_bucket_slice(held: &mut Slice, granted: Slice, now: Micros) {
+pub(super) fn add_to_bucket_slice(held: &mut Slice, granted: Slice, now: Micros) {
     held.settle(now);
     if held.left > 0 && held.until > now {
         let by = held

@@ -81,7 +81,7 @@ impl Slice {
     }
 
     /// Takes `hits` out, the earlier grant's first.
-    fn spend(&mut self, hits: u64) {
+    pub(super) fn spend(&mut self, hits: u64) {
         self.left = self.left.saturating_sub(hits);
         if let Some((expiring, _)) = &mut self.expiring {
             *expiring = expiring.saturating_sub(hits);

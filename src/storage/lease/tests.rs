@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 
+use super::slice::Slice;
 use super::*;
 use crate::algorithm::{Charge, decide, given_back};
 use crate::clock::{Clock, ManualClock};
@@ -848,4 +849,48 @@ fn drain(fleet: &Fleet, now: Micros) {
     if let Some(state) = drained.state {
         model.states.insert(key, state);
     }
+}
+
+#[tokio::test]
+async fn a_buckets_slice_left_by_a_changed_limit_goes_back_under_the_limit_it_was_leased_under() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = busy_bucket(&mut fleet).await;
+    assert_eq!(bucket_remaining(&fleet), 45);
+    // The rules now give the same counter a burst of 5: the slice's 8 go back as leased
+    // under a burst of 60, not as 8 of a burst of 5 (which would empty the bucket's debt).
+    let changed = hit_of_algorithm(Algorithm::TokenBucket { burst: 5 }, "bucket", LIMIT, 1);
+    assert_eq!(changed.key, bucket(1).key);
+    let now = [Some(clock.now())];
+    assert!(replica.answer_from_slices(&[changed], &now).is_none());
+    settle().await;
+    assert_eq!(replica.metrics.returned_hits.get(), MIN_SLICE);
+    assert_eq!(bucket_remaining(&fleet), 53);
+}
+
+#[test]
+fn a_buckets_later_grant_leaves_the_earlier_ones_hits_their_own_end() {
+    let slice = |left, at: Micros, until| Slice {
+        window: 0,
+        at,
+        left,
+        until,
+        expiring: None,
+        last: None,
+        full_at: until,
+    };
+    let second = MICROS_PER_SECOND;
+    // 3 hits left of a grant good until 1 s; at 0.5 s a grant of 8 good until 1.5 s.
+    let mut held = slice(3, 0, second);
+    calls::add_to_bucket_slice(&mut held, slice(8, second / 2, 3 * second / 2), second / 2);
+    assert_eq!(
+        (held.left, held.expiring, held.until),
+        (11, Some((3, second)), 3 * second / 2)
+    );
+    // One is used before 1 s; the other 2 go with their grant's end, the 8 stay.
+    held.spend(1);
+    held.settle(second - 1);
+    assert_eq!(held.left, 10);
+    held.settle(second);
+    assert_eq!((held.left, held.expiring), (8, None));
 }

@@ -32,24 +32,23 @@ pub fn lease(
     // start of that tick, and its hits must be good until `now + life`.
     let life = life.div_ceil(tick).saturating_add(1);
     let (now_in_ticks, limit) = (now / tick, params.requests);
-    let (state, taken) = match (params.algorithm, stored) {
-        (Algorithm::TokenBucket { burst }, Some(State::TokenBucket(s))) => {
+    let (state, taken) = match params.algorithm {
+        Algorithm::TokenBucket { burst } => {
+            let stored = match stored {
+                Some(State::TokenBucket(state)) => Some(state),
+                _ => None,
+            };
             let (state, taken) =
-                token_bucket::lease(Some(s), now_in_ticks, limit, window, burst, want, life);
+                token_bucket::lease(stored, now_in_ticks, limit, window, burst, want, life);
             (state.map(State::TokenBucket), taken)
         }
-        (Algorithm::TokenBucket { burst }, _) => {
+        Algorithm::Gcra { burst } => {
+            let stored = match stored {
+                Some(State::Gcra(state)) => Some(state),
+                _ => None,
+            };
             let (state, taken) =
-                token_bucket::lease(None, now_in_ticks, limit, window, burst, want, life);
-            (state.map(State::TokenBucket), taken)
-        }
-        (Algorithm::Gcra { burst }, Some(State::Gcra(s))) => {
-            let (state, taken) =
-                gcra::lease(Some(s), now_in_ticks, limit, window, burst, want, life);
-            (state.map(State::Gcra), taken)
-        }
-        (Algorithm::Gcra { burst }, _) => {
-            let (state, taken) = gcra::lease(None, now_in_ticks, limit, window, burst, want, life);
+                gcra::lease(stored, now_in_ticks, limit, window, burst, want, life);
             (state.map(State::Gcra), taken)
         }
         _ => return (None, Taken::default()),

@@ -80,11 +80,11 @@ local function lease(keys, argv)
     state, granted, remaining, reset_after = ALGORITHMS[code].lease(read_state(keys[1]) or nil,
       idiv(at, tick), limit, window, parameter, want, life_ticks)
     reset_after = reset_after * tick
-    ttl = ttl_ms(reset_after, ttl)
+    local grace = ttl
     if state then
-      redis.call('SET', keys[1], encode_state(state), 'PX', ttl)
+      redis.call('SET', keys[1], encode_state(state), 'PX', ttl_ms(reset_after, grace))
       redis.call('HSET', keys[2], holder, string.format('%d', at + life))
-      redis.call('PEXPIRE', keys[2], div_ceil(life, 1000) + h[9])
+      redis.call('PEXPIRE', keys[2], div_ceil(life, 1000) + grace)
     end
     holders = live_holders(keys[2], at)
   end

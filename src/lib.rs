@@ -78,7 +78,8 @@
 //!   `storage/redis/leases.rs` a busy counter's budget leased), `storage/guard.rs`
 //!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
 //!   denials), `storage/lease.rs` (busy counters answered from leased slices,
-//!   `storage/lease/slice.rs` a slice and a counter's demand, `storage/lease/calls.rs` the
+//!   `storage/lease/slice.rs` a slice and a counter's demand, `storage/lease/answer.rs` a
+//!   request answered from slices, at once where it can, `storage/lease/calls.rs` the
 //!   lease and return calls), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
 //!   `storage/stack.rs` (the store as served).
 //! - `algorithm` (`algorithm/outcome.rs`, `algorithm/parameter.rs`, `algorithm/state.rs`,

@@ -25,7 +25,7 @@ use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
 use crate::storage::{
-    CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, Role, Store, StoreError,
+    AtOnce, CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, Role, Store, StoreError,
 };
 
 /// A decision code.
@@ -78,7 +78,7 @@ pub struct Modes {
 pub struct RateLimiter {
     rules: Arc<ArcSwap<RuleSet>>,
     store: Arc<dyn CounterStore>,
-    at_once: Option<Arc<dyn DecideAtOnce>>,
+    at_once: Option<AtOnce>,
     reset: Arc<dyn CounterReset>,
     /// See `leasing`.
     leasing: Option<bool>,
@@ -183,11 +183,13 @@ impl RateLimiter {
     /// `None` when the store may wait, or when traces are exported (the spans need the
     /// future).
     pub fn decide_at_once(&self, request: &Request) -> Option<Result<Decision, Undecided>> {
-        let at_once = self.at_once.as_deref()?;
+        let Some(AtOnce::Always(at_once)) = &self.at_once else {
+            return None;
+        };
         if crate::telemetry::traced() {
             return None;
         }
-        Some(self.count_at_once(at_once, request))
+        self.count_at_once(at_once.as_ref(), request)
     }
 
     /// Resolves every descriptor, counts their hits in one store call, and answers.
@@ -199,23 +201,35 @@ impl RateLimiter {
         Ok(self.conclude(request, &matches, resolved, &outcomes))
     }
 
-    /// `count` on a store that decides at once.
+    /// `count` on a store that decides at once; `None` if it did not.
     fn count_at_once(
         &self,
         at_once: &dyn DecideAtOnce,
         request: &Request,
-    ) -> Result<Decision, Undecided> {
-        let rules = self.loaded_rules()?;
+    ) -> Option<Result<Decision, Undecided>> {
+        let rules = match self.loaded_rules() {
+            Ok(rules) => rules,
+            Err(undecided) => return Some(Err(undecided)),
+        };
         let matches = match_descriptors(&rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
-        let outcomes = self.outcomes_at_once(at_once, &hits)?;
-        Ok(self.conclude(request, &matches, resolved, &outcomes))
+        let outcomes = match self.outcomes_at_once(at_once, &hits)? {
+            Ok(outcomes) => outcomes,
+            Err(undecided) => return Some(Err(undecided)),
+        };
+        Some(Ok(self.conclude(request, &matches, resolved, &outcomes)))
     }
 
-    /// The store's outcomes for `hits` (none for none, without a call).
+    /// The store's outcomes for `hits` (none for none, without a call; at once where the
+    /// store can, without its future).
     async fn outcomes(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, Undecided> {
         if hits.is_empty() {
             return Ok(PerHit::new());
+        }
+        if let Some(AtOnce::Sometimes(at_once)) = &self.at_once
+            && let Some(decided) = at_once.apply_at_once(hits)
+        {
+            return self.checked(decided, hits.len());
         }
         let applied = if crate::telemetry::traced() {
             let span = crate::request_span!("store", counters = hits.len());
@@ -226,16 +240,16 @@ impl RateLimiter {
         self.checked(applied.map(PerHit::from_vec), hits.len())
     }
 
-    /// `outcomes` from a store that decides at once.
+    /// `outcomes` from a store that decides at once; `None` if it did not.
     fn outcomes_at_once(
         &self,
         at_once: &dyn DecideAtOnce,
         hits: &[Hit],
-    ) -> Result<PerHit<Outcome>, Undecided> {
+    ) -> Option<Result<PerHit<Outcome>, Undecided>> {
         if hits.is_empty() {
-            return Ok(PerHit::new());
+            return Some(Ok(PerHit::new()));
         }
-        self.checked(at_once.apply_at_once(hits), hits.len())
+        Some(self.checked(at_once.apply_at_once(hits)?, hits.len()))
     }
 
     fn loaded_rules(&self) -> Result<Arc<RuleSet>, Undecided> {

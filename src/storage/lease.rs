@@ -26,14 +26,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use super::keys::CounterKey;
-use super::{CounterLease, CounterStore, HeldLeases, Hit, Role, StoreError};
+use super::{CounterLease, CounterStore, DecideAtOnce, HeldLeases, Hit, PerHit, Role, StoreError};
 use crate::algorithm::{Algorithm, Anchor, Outcome, Params, State, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::limit::Lease;
 use crate::metrics::Metrics;
 use crate::metrics::lease::LeaseMetrics;
-use crate::storage::PerHit;
-use slice::{Followed, Followers, Spotter, follow, take, window_of};
+use slice::{Followers, Spotter};
 
 /// How this replica leases (`--lease` and its companions).
 #[derive(Debug, Clone, Copy)]
@@ -173,169 +172,6 @@ impl Leased {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Each leasable hit's instant, by its own store's clock (`--store-per-second` has two).
-    fn instants(&self, hits: &[Hit]) -> PerHit<Option<Micros>> {
-        hits.iter()
-            .map(|hit| {
-                self.leasable(hit)
-                    .then(|| self.leases.instant(hit).ok())
-                    .flatten()
-            })
-            .collect()
-    }
-
-    /// The request answered from this replica's slices, if every hit is leasable and fits in
-    /// its counter's slice; the demand followed and the next leases asked for either way.
-    fn answer_from_slices(&self, hits: &[Hit], nows: &[Option<Micros>]) -> Option<Vec<Outcome>> {
-        let mut guard = self.book();
-        let book = &mut *guard;
-        let mut local = true;
-        let mut returns = Vec::new();
-        // Each hit's counter in the book, found once (its key hashed once a request).
-        let mut found: PerHit<Option<usize>> = PerHit::with_capacity(hits.len());
-        for (hit, now) in hits.iter().zip(nows) {
-            let Some(now) = *now else {
-                local = false;
-                found.push(None);
-                continue;
-            };
-            let hits_now = hit.hits.max(1);
-            let busy_rate = self.settings.busy_rate;
-            let spotter = &mut book.spotter;
-            let busy = || spotter.busy(&hit.key, now, hits_now, busy_rate);
-            let Some(index) = follow(&mut book.counters, hit, now, busy) else {
-                local = false;
-                found.push(None);
-                continue;
-            };
-            found.push(Some(index));
-            let Some((_, followed)) = book.counters.get_index_mut(index) else {
-                continue;
-            };
-            followed.demand.add(now, hits_now);
-            followed.last_used = now;
-            // The rules changed the limit (the key is the same): what was leased under the
-            // old one goes back under the old one, and the next lease asks under the new one.
-            let changed = followed.hit.params != hit.params;
-            let stale = followed
-                .slice
-                .as_ref()
-                .is_some_and(|slice| !slice.usable(hit, now));
-            if changed || stale {
-                // One call at a time per counter: with a call in flight, what the slice
-                // holds is not given back (the window under-admits by it).
-                if followed.call.is_some() {
-                    followed.slice = None;
-                } else if let Some((unused, at, after)) = followed.give_back_slice(now) {
-                    let call = Book::call(&mut book.calls);
-                    followed.call = Some(call);
-                    returns.push((unused, at, after, call));
-                }
-            }
-            if changed {
-                followed.hit.params = hit.params;
-                followed.unleased = None;
-            }
-        }
-        let outcomes = if local {
-            take(&mut book.counters, hits, nows, &found)
-        } else {
-            None
-        };
-        let waited = outcomes.is_none()
-            && hits.iter().all(|hit| self.leasable(hit))
-            && found.iter().flatten().any(|&index| {
-                book.counters
-                    .get_index(index)
-                    .is_some_and(|(_, followed)| followed.call.is_some())
-            });
-        let mut leases = Vec::new();
-        for ((hit, now), index) in hits.iter().zip(nows).zip(&found) {
-            let (Some(now), Some(index)) = (*now, *index) else {
-                continue;
-            };
-            let Some((_, followed)) = book.counters.get_index_mut(index) else {
-                continue;
-            };
-            let life = self.life(&followed.hit);
-            let Some(want) = self.next_lease(followed, now, life) else {
-                continue;
-            };
-            let call = Book::call(&mut book.calls);
-            followed.call = Some(call);
-            leases.push(Asked {
-                hit: Hit {
-                    hits: want,
-                    ..followed.hit.clone()
-                },
-                at: now,
-                life,
-                held: followed.held_in(window_of(hit, now).0),
-                resets: book.resets,
-                call,
-            });
-        }
-        drop(guard);
-        for asked in leases {
-            self.spawn_lease(asked);
-        }
-        for (hit, at, after, call) in returns {
-            self.spawn_return(hit, at, after, call);
-        }
-        if outcomes.is_some() {
-            self.metrics.from_slice.inc();
-        } else if waited {
-            self.metrics.while_leasing.inc();
-        }
-        outcomes
-    }
-
-    /// What the store's answers say nobody holds of the followed counters: the next lease's
-    /// size goes by it.
-    fn learn(&self, hits: &[Hit], outcomes: &[Outcome], nows: &[Option<Micros>]) {
-        let mut book = self.book();
-        for ((hit, outcome), now) in hits.iter().zip(outcomes).zip(nows) {
-            if let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key))
-                && followed.hit.params == hit.params
-            {
-                followed.unleased = Some((window_of(hit, now).0, outcome.remaining));
-            }
-        }
-    }
-
-    /// How much to lease for `followed` now, if it is busy, no call is in flight, and its
-    /// slice has run below half of what its demand calls for over `LOOKAHEAD`, or half the
-    /// slice's `life` if shorter (a bucket's grant is used within its own life).
-    fn next_lease(&self, followed: &Followed, now: Micros, life: Micros) -> Option<u64> {
-        let rate = followed.demand.rate();
-        if followed.call.is_some() || rate < self.settings.busy_rate || life == 0 {
-            return None;
-        }
-        let (window, _) = window_of(&followed.hit, now);
-        let wanted = rate
-            .saturating_mul(LOOKAHEAD.min(life / 2))
-            .div_ceil(MICROS_PER_SECOND)
-            .max(MIN_SLICE);
-        let held = followed
-            .slice
-            .as_ref()
-            .filter(|slice| slice.window == window)
-            .map_or(0, |slice| slice.left);
-        if held > wanted / 2 {
-            return None;
-        }
-        // Never more than a share of what is left: half of it split among the holders, so
-        // that the others' slices and per-request hits find budget too.
-        let limit = budget(&followed.hit.params);
-        let (unleased, holders) = match followed.unleased {
-            Some((seen_in, unleased)) if seen_in == window => (unleased, followed.holders.max(1)),
-            _ => (limit, 1),
-        };
-        let share = unleased / (2 * (holders + 1));
-        let want = wanted.min(share).min(limit / 4);
-        (want >= MIN_SLICE).then_some(want)
-    }
-
     /// Gives back the slices of the counters idle for `idle_for` by their store's clock, or
     /// of all of them (shutdown), and forgets those counters once no call of theirs is in
     /// flight (a counter with one gives back at the next pass, or, at shutdown, not at all).
@@ -412,7 +248,7 @@ impl CounterStore for Leased {
         }
         let nows = self.instants(hits);
         if let Some(outcomes) = self.answer_from_slices(hits, &nows) {
-            return Ok(outcomes);
+            return Ok(outcomes.into_vec());
         }
         let outcomes = self.store.apply(hits).await?;
         self.learn(hits, &outcomes, &nows);
@@ -421,6 +257,12 @@ impl CounterStore for Leased {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.store.ping().await
+    }
+}
+
+impl DecideAtOnce for Leased {
+    fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
+        self.answer_at_once(hits).map(Ok)
     }
 }
 
@@ -440,6 +282,7 @@ async fn cool_down(leased: Weak<Leased>) {
     }
 }
 
+mod answer;
 mod calls;
 mod slice;
 #[cfg(test)]

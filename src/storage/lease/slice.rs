@@ -3,7 +3,6 @@
 //! counters are busy enough to follow (`Spotter`); and the request answered from slices
 //! (`take`).
 
-use std::collections::hash_map::RandomState;
 use std::hash::{Hash, Hasher};
 
 use indexmap::IndexMap;
@@ -11,10 +10,12 @@ use indexmap::IndexMap;
 use crate::algorithm::{Outcome, State, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::CounterKey;
-use crate::storage::{Hit, Role};
+use crate::storage::{Hit, PerHit, Role};
 
-/// The counters followed, by key: an index found once a request reaches each again.
-pub(super) type Followers = IndexMap<CounterKey, Followed, RandomState>;
+/// The counters followed, by key: an index found once a request reaches each again. Hashed
+/// by foldhash, seeded at random per process: a key is hashed on every answer from a slice,
+/// and only counters busy on this replica are followed, at most `MAX_FOLLOWED` of them.
+pub(super) type Followers = IndexMap<CounterKey, Followed, foldhash::fast::RandomState>;
 
 /// Counters followed at once; past it, no new one is (the spotter keeps cold counters out,
 /// so only a fleet of busy ones reaches it).
@@ -301,7 +302,7 @@ pub(super) fn take(
     hits: &[Hit],
     nows: &[Option<Micros>],
     found: &[Option<usize>],
-) -> Option<Vec<Outcome>> {
+) -> Option<PerHit<Outcome>> {
     // What the request asks of each counter, its hits summed: sorted by counter, so that a
     // counter named twice is one entry whatever the request's size.
     let mut asked: smallvec::SmallVec<[(usize, u64, Micros); 2]> = hits
@@ -326,7 +327,7 @@ pub(super) fn take(
             return None;
         }
     }
-    let mut outcomes = Vec::with_capacity(hits.len());
+    let mut outcomes = PerHit::with_capacity(hits.len());
     for ((hit, now), index) in hits.iter().zip(nows).zip(found) {
         let (now, followed) = ((*now)?, counters.get_index_mut((*index)?)?.1);
         let slice = followed.slice.as_mut()?;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use proptest::prelude::*;
 
-use super::slice::Slice;
+use super::slice::{Slice, window_of};
 use super::*;
 use crate::algorithm::{Charge, decide, given_back};
 use crate::clock::{Clock, ManualClock};
@@ -454,7 +454,11 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
                         let now = clock.now();
                         let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
                         let request = request(algorithm, shape, hits);
-                        let outcomes = store.apply(&request).await.unwrap();
+                        // As the limiter asks: at once first, then the store's path.
+                        let outcomes = match store.apply_at_once(&request) {
+                            Some(at_once) => at_once.unwrap().into_vec(),
+                            None => store.apply(&request).await.unwrap(),
+                        };
                         let allowed = outcomes.iter().all(|outcome| outcome.allowed);
                         assert!(
                             allowed || outcomes.iter().all(|outcome| !outcome.allowed),
@@ -614,10 +618,10 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
         leased, MIN_SLICE,
         "8 hits a second, 500 ms of them, at least MIN_SLICE"
     );
-    // Answered from the slice: this replica's slice less the hits it answered, and what
-    // nobody holds as the store last said (its last answer or grant).
+    // Answered from the slice, at once: this replica's slice less the hits it answered, and
+    // what nobody holds as the store last said (its last answer or grant).
     let answered = replica.metrics.from_slice.get();
-    let outcome = replica.apply(&[hit(1)]).await.unwrap()[0];
+    let outcome = replica.apply_at_once(&[hit(1)]).unwrap().unwrap()[0];
     assert!(outcome.allowed);
     assert_eq!(replica.metrics.from_slice.get(), answered + 1);
     let unleased = replica
@@ -646,6 +650,56 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
     assert_eq!(replica.metrics.from_slice.get(), answered + 1);
     let after = fleet.model.lock().unwrap().count(&hit(1), clock.now());
     assert_eq!(after, count + 2);
+}
+
+#[tokio::test]
+async fn a_request_its_slices_cannot_answer_at_once_is_left_to_the_store_as_it_was() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = fleet.replica();
+    // A cold counter: asked at once first, then through the store, as the limiter does.
+    // Counted once a request (4, below the busy rate of 5), it is never followed.
+    for _ in 0..4 {
+        assert!(replica.apply_at_once(&[hit(1)]).is_none());
+        assert!(replica.apply(&[hit(1)]).await.unwrap()[0].allowed);
+    }
+    settle().await;
+    assert_eq!(replica.metrics.leases.get(), 0);
+    assert!(replica.book().counters.is_empty());
+    // Busy and leased: a request asking more than the slice holds is not answered at once,
+    // and leaves the demand as it was; the store's path then decides it.
+    for _ in 0..4 {
+        replica.apply(&[hit(1)]).await.unwrap();
+    }
+    settle().await;
+    assert_eq!(replica.metrics.leased_hits.get(), MIN_SLICE);
+    let demand = |replica: &Leased| {
+        replica
+            .book()
+            .counters
+            .values()
+            .next()
+            .unwrap()
+            .demand
+            .rate()
+    };
+    let before = demand(&replica);
+    assert!(replica.apply_at_once(&[hit(MIN_SLICE + 1)]).is_none());
+    assert_eq!(demand(&replica), before);
+    assert_eq!(replica.metrics.from_slice.get(), 0);
+    let count = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    assert!(replica.apply(&[hit(MIN_SLICE + 1)]).await.unwrap()[0].allowed);
+    assert_eq!(demand(&replica), before + MIN_SLICE + 1);
+    let after = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    assert_eq!(after, count + MIN_SLICE + 1, "decided by the store");
+    // What fits is answered at once, from the slice alone.
+    let outcome = replica.apply_at_once(&[hit(2)]).unwrap().unwrap()[0];
+    assert!(outcome.allowed);
+    assert_eq!(replica.metrics.from_slice.get(), 1);
+    assert_eq!(
+        fleet.model.lock().unwrap().count(&hit(1), clock.now()),
+        after
+    );
 }
 
 #[tokio::test]

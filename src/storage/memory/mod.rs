@@ -191,8 +191,8 @@ impl CounterStore for MemoryStore {
 }
 
 impl DecideAtOnce for MemoryStore {
-    fn apply_at_once(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, StoreError> {
-        self.apply_with(hits, || self.clock.now())
+    fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>> {
+        Some(self.apply_with(hits, || self.clock.now()))
     }
 }
 

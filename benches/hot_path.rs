@@ -14,7 +14,7 @@ use tollgate::clock::SystemClock;
 use tollgate::config;
 use tollgate::descriptor::{Descriptor, Entry, Request};
 use tollgate::limit::{Limit, Unit};
-use tollgate::limiter::{Modes, RateLimiter};
+use tollgate::limiter::{Deciding, Modes, RateLimiter};
 use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc};
 use tollgate::rules::{RuleSet, matcher};
@@ -184,7 +184,14 @@ fn whole_limiter(c: &mut Criterion) {
         group.bench_function(format!("{count} descriptor(s)"), |b| {
             b.iter(|| {
                 next = (next + 1) % requests.len();
-                match limiter.should_rate_limit(&requests[next]).now_or_never() {
+                let decided = match limiter.loaded_rules() {
+                    Ok(rules) => match limiter.decide(&rules, &requests[next]) {
+                        Deciding::Made(decided) => Some(decided),
+                        Deciding::Waiting(decision) => decision.now_or_never(),
+                    },
+                    Err(undecided) => Some(Err(undecided)),
+                };
+                match decided {
                     Some(Ok(decision)) => black_box(decision),
                     other => panic!("limiter did not answer at once: {other:?}"),
                 }

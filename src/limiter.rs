@@ -10,6 +10,7 @@
 mod answer;
 mod stats;
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -25,7 +26,7 @@ use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
 use crate::storage::keys::{self, EntryValue};
 use crate::storage::{
-    AtOnce, CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, Role, Store, StoreError,
+    CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, Role, Store, StoreError,
 };
 
 /// A decision code.
@@ -78,7 +79,7 @@ pub struct Modes {
 pub struct RateLimiter {
     rules: Arc<ArcSwap<RuleSet>>,
     store: Arc<dyn CounterStore>,
-    at_once: Option<AtOnce>,
+    at_once: Option<Arc<dyn DecideAtOnce>>,
     reset: Arc<dyn CounterReset>,
     /// See `leasing`.
     leasing: Option<bool>,
@@ -94,6 +95,12 @@ pub enum Undecided {
     /// No rules were ever loaded (`RuleSet::not_loaded`); the reference's words.
     #[error("no rate limit configuration loaded")]
     NoConfig,
+}
+
+/// A decision made at once, or the future that makes it.
+pub enum Deciding<'a> {
+    Made(Result<Decision, Undecided>),
+    Waiting(Pin<Box<dyn Future<Output = Result<Decision, Undecided>> + Send + 'a>>),
 }
 
 /// Per request, one item per descriptor (or per counter, for hits), held inline for the
@@ -170,66 +177,41 @@ impl RateLimiter {
         Ok(hits.len())
     }
 
-    pub async fn should_rate_limit(&self, request: &Request) -> Result<Decision, Undecided> {
-        if !crate::telemetry::traced() {
-            // A span that is off still costs a wrapper and a move of the whole future.
-            return self.count(request).await;
-        }
-        let span = crate::request_span!("decide", descriptors = request.descriptors.len());
-        self.count(request).instrument(span).await
-    }
-
-    /// `should_rate_limit` made at once, without a future, on a store that never waits;
-    /// `None` when the store may wait, or when traces are exported (the spans need the
-    /// future).
-    pub fn decide_at_once(&self, request: &Request) -> Option<Result<Decision, Undecided>> {
-        let Some(AtOnce::Always(at_once)) = &self.at_once else {
-            return None;
-        };
+    /// Decides `request` under `rules` (`loaded_rules`): at once where the store can (the
+    /// memory store always, a leasing store from its slices) and no span needs a future;
+    /// else through the future of the store call, boxed, so that a request's own future
+    /// stays small whatever the store's. Everything the future borrows outlives it in the
+    /// caller's frame, so a request the store could not decide at once is not resolved twice.
+    pub fn decide<'a>(&'a self, rules: &'a RuleSet, request: &'a Request) -> Deciding<'a> {
         if crate::telemetry::traced() {
-            return None;
+            let span = crate::request_span!("decide", descriptors = request.descriptors.len());
+            return Deciding::Waiting(Box::pin(self.count(rules, request).instrument(span)));
         }
-        self.count_at_once(at_once.as_ref(), request)
+        let matches = match_descriptors(rules, request);
+        let (resolved, hits) = self.resolve_all(request, &matches);
+        if let Some(decided) = self.outcomes_at_once(&hits) {
+            let decided =
+                decided.map(|outcomes| self.conclude(request, &matches, resolved, &outcomes));
+            return Deciding::Made(decided);
+        }
+        Deciding::Waiting(Box::pin(async move {
+            let outcomes = self.outcomes(&hits).await?;
+            Ok(self.conclude(request, &matches, resolved, &outcomes))
+        }))
     }
 
     /// Resolves every descriptor, counts their hits in one store call, and answers.
-    async fn count(&self, request: &Request) -> Result<Decision, Undecided> {
-        let rules = self.loaded_rules()?;
-        let matches = match_descriptors(&rules, request);
+    async fn count(&self, rules: &RuleSet, request: &Request) -> Result<Decision, Undecided> {
+        let matches = match_descriptors(rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
         let outcomes = self.outcomes(&hits).await?;
         Ok(self.conclude(request, &matches, resolved, &outcomes))
     }
 
-    /// `count` on a store that decides at once; `None` if it did not.
-    fn count_at_once(
-        &self,
-        at_once: &dyn DecideAtOnce,
-        request: &Request,
-    ) -> Option<Result<Decision, Undecided>> {
-        let rules = match self.loaded_rules() {
-            Ok(rules) => rules,
-            Err(undecided) => return Some(Err(undecided)),
-        };
-        let matches = match_descriptors(&rules, request);
-        let (resolved, hits) = self.resolve_all(request, &matches);
-        let outcomes = match self.outcomes_at_once(at_once, &hits)? {
-            Ok(outcomes) => outcomes,
-            Err(undecided) => return Some(Err(undecided)),
-        };
-        Some(Ok(self.conclude(request, &matches, resolved, &outcomes)))
-    }
-
-    /// The store's outcomes for `hits` (none for none, without a call; at once where the
-    /// store can, without its future).
+    /// The store's outcomes for `hits` (none for none, without a call).
     async fn outcomes(&self, hits: &[Hit]) -> Result<PerHit<Outcome>, Undecided> {
         if hits.is_empty() {
             return Ok(PerHit::new());
-        }
-        if let Some(AtOnce::Sometimes(at_once)) = &self.at_once
-            && let Some(decided) = at_once.apply_at_once(hits)
-        {
-            return self.checked(decided, hits.len());
         }
         let applied = if crate::telemetry::traced() {
             let span = crate::request_span!("store", counters = hits.len());
@@ -240,19 +222,17 @@ impl RateLimiter {
         self.checked(applied.map(PerHit::from_vec), hits.len())
     }
 
-    /// `outcomes` from a store that decides at once; `None` if it did not.
-    fn outcomes_at_once(
-        &self,
-        at_once: &dyn DecideAtOnce,
-        hits: &[Hit],
-    ) -> Option<Result<PerHit<Outcome>, Undecided>> {
+    /// `outcomes` made at once (none for none), if the store decides these hits so.
+    fn outcomes_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, Undecided>> {
         if hits.is_empty() {
             return Some(Ok(PerHit::new()));
         }
+        let at_once = self.at_once.as_deref()?;
         Some(self.checked(at_once.apply_at_once(hits)?, hits.len()))
     }
 
-    fn loaded_rules(&self) -> Result<Arc<RuleSet>, Undecided> {
+    /// The rules in force, if any were ever loaded (`RuleSet::not_loaded`).
+    pub fn loaded_rules(&self) -> Result<Arc<RuleSet>, Undecided> {
         let rules = self.rules.load_full();
         if !rules.is_loaded() {
             return Err(Undecided::NoConfig);
@@ -261,11 +241,11 @@ impl RateLimiter {
     }
 
     /// Every descriptor resolved, and the hits they count.
-    fn resolve_all<'f, 'r: 'f>(
+    fn resolve_all<'r>(
         &self,
         request: &Request,
-        matches: &'f [Found<'r>],
-    ) -> (PerDescriptor<Resolved<'f>>, PerDescriptor<Hit>) {
+        matches: &[Found<'r>],
+    ) -> (PerDescriptor<Resolved<'r>>, PerDescriptor<Hit>) {
         let replaced = replaced_names(matches);
         let mut hits = PerDescriptor::new();
         let resolved = request
@@ -302,18 +282,18 @@ impl RateLimiter {
         Ok(outcomes)
     }
 
-    fn resolve<'f, 'r: 'f>(
+    fn resolve<'r>(
         &self,
         request: &Request,
         index: usize,
         descriptor: &Descriptor,
-        found: &'f Found<'r>,
+        found: &Found<'r>,
         replaced: &[&str],
         hits: &mut PerDescriptor<Hit>,
-    ) -> Resolved<'f> {
+    ) -> Resolved<'r> {
         let (limits, rule, role) = match found {
             Found::NoDomain | Found::NoRule => return Resolved::NoLimit,
-            Found::Override(limit) => (std::slice::from_ref(limit), None, Role::Enforced),
+            Found::Override(limit) => (std::slice::from_ref(*limit), None, Role::Enforced),
             Found::Rule(found) => {
                 let rule = found.rule;
                 if replaced.iter().any(|name| rule.is_named(name)) {
@@ -361,11 +341,11 @@ impl RateLimiter {
 enum Found<'r> {
     NoDomain,
     NoRule,
-    Override(Limit),
+    Override(&'r Limit),
     Rule(Match<'r>),
 }
 
-fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> PerDescriptor<Found<'r>> {
+fn match_descriptors<'r>(rules: &'r RuleSet, request: &'r Request) -> PerDescriptor<Found<'r>> {
     let Some(domain) = rules.domain(&request.domain) else {
         return request
             .descriptors
@@ -378,7 +358,7 @@ fn match_descriptors<'r>(rules: &'r RuleSet, request: &Request) -> PerDescriptor
         .iter()
         .map(|descriptor| match &descriptor.limit_override {
             // The reference honours an override only when the domain is configured.
-            Some(limit) => Found::Override(limit.clone()),
+            Some(limit) => Found::Override(limit),
             None => matcher::find(domain, &descriptor.entries).map_or(Found::NoRule, Found::Rule),
         })
         .collect()

@@ -23,7 +23,7 @@ use crate::admission::{Admission, Overloaded};
 use crate::descriptor::{self, RequestError};
 use crate::dynamic_metadata;
 use crate::headers;
-use crate::limiter::{Code, RateLimiter, Undecided};
+use crate::limiter::{Code, Deciding, RateLimiter, Undecided};
 use crate::metrics::Metrics;
 use crate::pb;
 use crate::storage::StoreError;
@@ -68,19 +68,17 @@ impl RlsService {
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = options.dynamic_metadata.then(|| request.clone());
         let request = descriptor::Request::from_pb(request, &options.input_limits)?;
-        let decided = match self.limiter.decide_at_once(&request) {
-            Some(decided) => decided,
-            None => {
-                // Boxed: held inline, the store call's future would make every request's
-                // future as large, and it is moved several times on the way in.
-                let decision = Box::pin(self.limiter.should_rate_limit(&request));
-                match deadline {
+        let decided = match self.limiter.loaded_rules() {
+            Err(undecided) => Err(undecided),
+            Ok(rules) => match self.limiter.decide(&rules, &request) {
+                Deciding::Made(decided) => decided,
+                Deciding::Waiting(decision) => match deadline {
                     Some(deadline) => tokio::time::timeout(deadline, decision)
                         .await
                         .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline)))),
                     None => decision.await,
-                }
-            }
+                },
+            },
         };
         match decided {
             Ok(decision) => {

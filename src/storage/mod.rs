@@ -143,23 +143,12 @@ pub trait CounterStore: Send + Sync + 'static {
 }
 
 /// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
-/// Deciding without a future: a store in process decides every request so, and a leasing
-/// store the requests its replica's slices can answer (`AtOnce`).
+/// Deciding without a future: a store in process decides every request so, a leasing store
+/// the requests its replica's slices can answer (`RateLimiter::decide`).
 pub trait DecideAtOnce: Send + Sync + 'static {
     /// What `CounterStore::apply` decides, made now; `None` when it cannot be made without
     /// waiting, with nothing done: `apply` then decides the hits as if this was never asked.
     fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>>;
-}
-
-/// Which requests a store decides without a future.
-#[derive(Clone)]
-pub enum AtOnce {
-    /// Every one (the memory store): the limiter makes the whole decision without a future
-    /// (`RateLimiter::decide_at_once`).
-    Always(Arc<dyn DecideAtOnce>),
-    /// Those it can (a leasing store, from its slices): the limiter asks once a request's hits
-    /// are known, before it calls the store.
-    Sometimes(Arc<dyn DecideAtOnce>),
 }
 
 #[tonic::async_trait]
@@ -254,7 +243,7 @@ pub struct Store {
     /// RLQS streams are the only ones.
     pub demand: Option<Arc<dyn DemandShare>>,
     /// The same counters as `counters`, decided synchronously where this store can.
-    pub at_once: Option<AtOnce>,
+    pub at_once: Option<Arc<dyn DecideAtOnce>>,
     /// `Some` for a store shared by replicas that leases busy counters (`lease.rs`).
     pub leases: Option<Arc<dyn HeldLeases>>,
 }
@@ -274,7 +263,7 @@ impl Store {
     /// `local`, for a store that also decides at once (the memory store).
     pub fn in_process<S: CounterStore + CounterReset + DecideAtOnce>(store: Arc<S>) -> Self {
         Self {
-            at_once: Some(AtOnce::Always(Arc::clone(&store) as Arc<dyn DecideAtOnce>)),
+            at_once: Some(Arc::clone(&store) as Arc<dyn DecideAtOnce>),
             ..Self::local(store)
         }
     }

@@ -13,8 +13,8 @@ use super::options::{StoreOptions, StoreSpec};
 use super::redis::RedisStore;
 use super::redis::per_second::PerSecondSplit;
 use super::{
-    AtOnce, CounterLease, CounterReset, CounterStore, DecideAtOnce, DemandShare, HeldLeases, Hit,
-    Store, StoreError, deny_cache, guard, memory,
+    CounterLease, CounterReset, CounterStore, DecideAtOnce, DemandShare, HeldLeases, Hit, Store,
+    StoreError, deny_cache, guard, memory,
 };
 use crate::algorithm::Charge;
 use crate::clock::{Clock, SystemClock};
@@ -95,9 +95,7 @@ where
             store: Arc::clone(&store) as Arc<dyn CounterReset>,
         }),
         demand: Some(store),
-        at_once: leases
-            .clone()
-            .map(|leases| AtOnce::Sometimes(leases as Arc<dyn DecideAtOnce>)),
+        at_once: leases.clone().map(|leases| leases as Arc<dyn DecideAtOnce>),
         leases: leases.map(|leases| leases as Arc<dyn HeldLeases>),
     }
 }

@@ -28,28 +28,30 @@ impl Leased {
     /// nothing done, otherwise: `answer_from_slices` then sees the request as if this was
     /// never asked.
     pub(super) fn answer_at_once(&self, hits: &[Hit]) -> Option<PerHit<Outcome>> {
-        let mut nows: PerHit<Option<Micros>> = PerHit::with_capacity(hits.len());
-        for hit in hits {
-            if !self.leasable(hit) {
-                return None;
-            }
-            nows.push(Some(self.leases.instant(hit).ok()?));
+        if !hits.iter().all(|hit| self.leasable(hit)) {
+            return None;
         }
         let mut guard = self.book();
         let book = &mut *guard;
+        // A counter not followed is the common miss (a cold key): found out before the
+        // clock is read.
         let mut found: PerHit<Option<usize>> = PerHit::with_capacity(hits.len());
-        for (hit, now) in hits.iter().zip(&nows) {
-            let (index, _, followed) = book.counters.get_full(&hit.key)?;
+        for hit in hits {
+            found.push(Some(book.counters.get_index_of(&hit.key)?));
+        }
+        let mut nows: PerHit<Option<Micros>> = PerHit::with_capacity(hits.len());
+        for (hit, index) in hits.iter().zip(&found) {
+            let now = self.leases.instant(hit).ok()?;
+            let (_, followed) = book.counters.get_index((*index)?)?;
             let fresh = followed.hit.params == hit.params
                 && followed
                     .slice
                     .as_ref()
-                    .zip(*now)
-                    .is_some_and(|(slice, now)| slice.usable(hit, now));
+                    .is_some_and(|slice| slice.usable(hit, now));
             if !fresh {
                 return None;
             }
-            found.push(Some(index));
+            nows.push(Some(now));
         }
         let outcomes = take(&mut book.counters, hits, &nows, &found)?;
         for ((hit, now), index) in hits.iter().zip(&nows).zip(&found) {

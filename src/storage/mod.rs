@@ -142,7 +142,6 @@ pub trait CounterStore: Send + Sync + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 }
 
-/// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
 /// Deciding without a future: a store in process decides every request so, a leasing store
 /// the requests its replica's slices can answer (`RateLimiter::decide`).
 pub trait DecideAtOnce: Send + Sync + 'static {
@@ -151,6 +150,7 @@ pub trait DecideAtOnce: Send + Sync + 'static {
     fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>>;
 }
 
+/// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
 #[tonic::async_trait]
 pub trait CounterReset: Send + Sync + 'static {
     /// Forgets these counters: they start afresh.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::algorithm::{Algorithm, Anchor, Charge, Params};
-use crate::clock::{Clock, MICROS_PER_SECOND, SystemClock};
+use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::{EntryValue, counter_key};
 use crate::storage::redis::call::{Call, Layout, Op};
 use crate::storage::redis::connection::call_as;
@@ -181,7 +181,7 @@ impl Shape {
                 };
                 let key = &hits_of(&params, user, 1)[0].key;
                 let _: i64 = script
-                    .key(format!("{}:1795000000", key.as_str()))
+                    .key(format!("{}:{FLOOR_WINDOW}", key.as_str()))
                     .arg(1)
                     .arg(grace_ms.max(1))
                     .invoke_async(connection)
@@ -216,12 +216,19 @@ fn hits_of(params: &Params, user: u64, count: usize) -> Vec<Hit> {
         .collect()
 }
 
-/// A call of `hits` now, as one request's.
+/// The instant every call is made at, in every run: the floor's window. A run then finds the
+/// counters the run before it left, whatever its speed (under callgrind a run spans many
+/// seconds, and calls at the clock's instant would name a new fixed window's counter every
+/// second and grow a sliding log by one run per instant, which the floor's one key does not).
+const AT: Micros = FLOOR_WINDOW * MICROS_PER_SECOND;
+
+/// The window number the floor's key ends with (a second's, as `AT`'s).
+const FLOOR_WINDOW: u64 = 1_795_000_000;
+
+/// A call of `hits` at `AT`, as one request's.
 fn call(hits: &[Hit], grace_ms: u64) -> Call<'_> {
     Call {
-        op: Op::Apply {
-            now: SystemClock.now(),
-        },
+        op: Op::Apply { now: AT },
         hits,
         node: None,
         charge: Charge::IfAllowed,

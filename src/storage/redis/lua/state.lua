@@ -8,14 +8,14 @@ local STATE_FORMATS = { '%d', '%d %d', '%d %d %d' }
 
 -- The usual states are taken apart by one match each; a sliding log's number by number.
 local function parse_state(raw)
-  local a, b = string.match(raw, '^(%d+) (%d+)$')
+  local a, b = string_match(raw, '^(%d+) (%d+)$')
   if a then
-    return { tonumber(a), tonumber(b) }
+    return { to_number(a), to_number(b) }
   end
   local c
-  a, b, c = string.match(raw, '^(%d+) (%d+) (%d+)$')
+  a, b, c = string_match(raw, '^(%d+) (%d+) (%d+)$')
   if a then
-    return { tonumber(a), tonumber(b), tonumber(c) }
+    return { to_number(a), to_number(b), to_number(c) }
   end
   local state = {}
   for number in string.gmatch(raw, '%d+') do
@@ -36,7 +36,7 @@ end
 local function encode_state(state)
   local format = STATE_FORMATS[#state]
   if format then
-    return string.format(format, state[1], state[2], state[3]) -- extra arguments are ignored
+    return string_format(format, state[1], state[2], state[3]) -- extra arguments are ignored
   end
   local parts = {}
   for i, number in ipairs(state) do

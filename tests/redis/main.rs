@@ -2,7 +2,8 @@
 //! started on free loopback ports and stopped by each test): the scenarios on a Redis and a
 //! 3-master cluster, every call layout against the request rule, the algorithms' Lua ports,
 //! refunds, clusters and their faults, the per-second Redis, restarts, runtimes, overload and
-//! RLQS demand shared through Redis. `cargo test --test redis`.
+//! RLQS demand shared through Redis, and the calls the cost scripts send. `cargo test --test
+//! redis`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -31,6 +32,7 @@ mod refunds;
 #[path = "../scenarios/window_edges.rs"]
 mod window_edges;
 
+mod bench_calls;
 mod bucket_leases;
 mod failover;
 mod layouts;

@@ -1,6 +1,6 @@
 //! Load shedding: at most `max_in_flight` decisions at once. A request beyond that waits up
-//! to `max_queue_time` for a slot (and at most `max_in_flight` requests wait), then is refused
-//! with RESOURCE_EXHAUSTED. Beyond capacity, admitted requests keep a bounded latency and the
+//! to `max_queue_time` for a slot, and no longer than its client's deadline (at most
+//! `max_in_flight` requests wait), then is refused with RESOURCE_EXHAUSTED. Beyond capacity, admitted requests keep a bounded latency and the
 //! process a bounded memory, instead of every request slowing down together.
 //!
 //! On gRPC, a request that would be refused at once is refused before it is read
@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// Why a request was not admitted.
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +41,15 @@ impl Admission {
         }
     }
 
-    /// A slot, held until the returned permit drops.
-    pub async fn enter(self: &Arc<Self>) -> Result<OwnedSemaphorePermit, Overloaded> {
+    /// A slot, held until the returned permit drops; waited for until `max_queue_time` has
+    /// passed or `until` (the client's deadline) comes, whichever is first.
+    pub async fn enter(
+        self: &Arc<Self>,
+        until: Option<Instant>,
+    ) -> Result<OwnedSemaphorePermit, Overloaded> {
         match self.try_enter() {
             Some(slot) => Ok(slot),
-            None => self.join_queue()?.slot().await,
+            None => self.join_queue()?.slot(until).await,
         }
     }
 
@@ -53,7 +58,7 @@ impl Admission {
     pub fn refuses_at_once(&self) -> Option<Overloaded> {
         let full = self.slots.available_permits() == 0
             && self.waiting.load(Ordering::Acquire) >= self.max_in_flight;
-        full.then(|| self.overloaded())
+        full.then(|| self.overloaded(self.max_queue_time))
     }
 
     /// A slot at once, if one is free.
@@ -65,15 +70,15 @@ impl Admission {
     fn join_queue(self: &Arc<Self>) -> Result<Queued, Overloaded> {
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(self.overloaded());
+            return Err(self.overloaded(self.max_queue_time));
         }
         Ok(Queued(Arc::clone(self)))
     }
 
-    fn overloaded(&self) -> Overloaded {
+    fn overloaded(&self, queue_time: Duration) -> Overloaded {
         Overloaded {
             in_flight: self.max_in_flight,
-            queue_time: self.max_queue_time,
+            queue_time,
         }
     }
 }
@@ -90,12 +95,17 @@ impl Default for Admission {
 struct Queued(Arc<Admission>);
 
 impl Queued {
-    async fn slot(self) -> Result<OwnedSemaphorePermit, Overloaded> {
+    async fn slot(self, until: Option<Instant>) -> Result<OwnedSemaphorePermit, Overloaded> {
         let admission = &self.0;
+        let wait = until.map_or(admission.max_queue_time, |until| {
+            until
+                .saturating_duration_since(Instant::now())
+                .min(admission.max_queue_time)
+        });
         let free = Arc::clone(&admission.slots).acquire_owned();
-        match tokio::time::timeout(admission.max_queue_time, free).await {
+        match tokio::time::timeout(wait, free).await {
             Ok(Ok(slot)) => Ok(slot),
-            _ => Err(admission.overloaded()),
+            _ => Err(admission.overloaded(wait)),
         }
     }
 }
@@ -115,14 +125,14 @@ mod tests {
     #[tokio::test]
     async fn a_request_that_gives_up_waiting_leaves_its_place_in_the_queue() {
         let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
-        let busy = admission.enter().await.unwrap();
+        let busy = admission.enter(None).await.unwrap();
         // The one place in the queue, taken by a caller that gives up (a cancelled call).
-        let gave_up = tokio::time::timeout(Duration::from_millis(20), admission.enter()).await;
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), admission.enter(None)).await;
         assert!(gave_up.is_err());
 
         let next = tokio::spawn({
             let admission = Arc::clone(&admission);
-            async move { admission.enter().await.is_ok() }
+            async move { admission.enter(None).await.is_ok() }
         });
         // Long enough for `next` to find no free slot and queue (or, were the place still
         // counted as taken, be refused).
@@ -138,20 +148,43 @@ mod tests {
     async fn beyond_max_in_flight_waiting_a_request_is_refused_at_once() {
         let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
         assert!(admission.refuses_at_once().is_none());
-        let _busy = admission.enter().await.unwrap();
+        let _busy = admission.enter(None).await.unwrap();
         // A slot busy, but room in the queue.
         assert!(admission.refuses_at_once().is_none());
         let waiting = tokio::spawn({
             let admission = Arc::clone(&admission);
-            async move { admission.enter().await.is_ok() }
+            async move { admission.enter(None).await.is_ok() }
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(admission.refuses_at_once().is_some());
-        let refused = admission.enter().await.unwrap_err();
+        let refused = admission.enter(None).await.unwrap_err();
         assert_eq!(
             refused.to_string(),
             "overloaded: 1 decisions in flight and no slot within 30s"
         );
         waiting.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waits_for_a_slot_no_longer_than_its_deadline() {
+        let admission = Arc::new(Admission::new(1, Duration::from_secs(30)));
+        let _busy = admission.enter(None).await.unwrap();
+        let started = Instant::now();
+        let refused = admission
+            .enter(Some(started + Duration::from_millis(20)))
+            .await
+            .unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        assert_eq!(
+            refused.to_string(),
+            "overloaded: 1 decisions in flight and no slot within 20ms"
+        );
+        // A deadline already passed waits for nothing.
+        let refused = admission.enter(Some(started)).await.unwrap_err();
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+        assert_eq!(
+            refused.to_string(),
+            "overloaded: 1 decisions in flight and no slot within 0ns"
+        );
     }
 }

@@ -161,6 +161,10 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
             "rate limit store unavailable\n",
         )
             .into_response(),
+        // Not sent here (a JSON request carries no deadline), but named for what it is.
+        Err(error @ service::Error::DeadlinePassed(_)) => {
+            (StatusCode::GATEWAY_TIMEOUT, format!("{error}\n")).into_response()
+        }
     }
 }
 

@@ -2,7 +2,34 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tonic::codegen::http;
+
+/// When a call's answer stops being of use: its client's gRPC timeout after it reached the
+/// handler. The client has given up by then, and any hits decided would count for an answer
+/// nobody reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline {
+    pub at: Instant,
+    /// The timeout the client sent.
+    pub timeout: Duration,
+}
+
+impl Deadline {
+    /// The deadline of a call that arrived at `arrived` with `metadata`'s `grpc-timeout`, if
+    /// it sent one.
+    pub fn of(metadata: &tonic::metadata::MetadataMap, arrived: Instant) -> Option<Self> {
+        let timeout = grpc_timeout(metadata)?;
+        Some(Self {
+            at: arrived + timeout,
+            timeout,
+        })
+    }
+
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+}
 
 /// The header a gRPC client's deadline comes in, by a name parsed once rather than per call.
 const GRPC_TIMEOUT: http::HeaderName = http::HeaderName::from_static("grpc-timeout");

@@ -4,6 +4,7 @@
 //! (`deadline.rs`), and the method as an HTTP/2 route (`route.rs`).
 
 mod deadline;
+pub use deadline::Deadline;
 pub mod encode;
 mod failure;
 mod options;
@@ -57,13 +58,20 @@ impl RlsService {
     }
 
     /// Validates, decides and encodes one request; shared by gRPC and `POST /json`. A
-    /// `deadline` (the client's gRPC timeout) bounds the decision, store call included.
+    /// `deadline` (the client's gRPC timeout) bounds the wait for an admission slot and the
+    /// store call; a request still undecided when it passes is not decided.
     pub async fn answer(
         &self,
         request: pb::RateLimitRequest,
-        deadline: Option<Duration>,
+        deadline: Option<Deadline>,
     ) -> Result<pb::RateLimitResponse, Error> {
-        let _slot = self.admission.enter().await?;
+        let _slot = self
+            .admission
+            .enter(deadline.map(|deadline| deadline.at))
+            .await?;
+        if let Some(deadline) = deadline.filter(Deadline::passed) {
+            return Err(Error::DeadlinePassed(deadline.timeout));
+        }
         let options = &*self.options;
         // Dynamic metadata describes the request as sent; kept only when asked for.
         let sent = options.dynamic_metadata.then(|| request.clone());
@@ -73,9 +81,9 @@ impl RlsService {
             Ok(rules) => match self.limiter.decide(&rules, &request) {
                 Deciding::Made(decided) => decided,
                 Deciding::Waiting(decision) => match deadline {
-                    Some(deadline) => tokio::time::timeout(deadline, decision)
+                    Some(deadline) => tokio::time::timeout_at(deadline.at, decision)
                         .await
-                        .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline)))),
+                        .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline.timeout)))),
                     None => decision.await,
                 },
             },
@@ -153,7 +161,8 @@ impl RlsService {
         metadata: &tonic::metadata::MetadataMap,
         request: pb::RateLimitRequest,
     ) -> Result<pb::RateLimitResponse, Status> {
-        let deadline = deadline::grpc_timeout(metadata);
+        let started = Instant::now();
+        let deadline = Deadline::of(metadata, started.into());
         // The caller's trace context must be set before the span is first entered.
         let span = crate::request_span!(
             "should_rate_limit",
@@ -168,7 +177,6 @@ impl RlsService {
         span.record("descriptors", request.descriptors.len());
         // One line per decision at debug, built only when someone reads it.
         let shown = tracing::enabled!(tracing::Level::DEBUG).then(|| show_request(&request));
-        let started = Instant::now();
         // A span that is off still costs a wrapper and a move of the whole future.
         let answer = if span.is_disabled() {
             self.answer(request, deadline).await
@@ -248,6 +256,9 @@ pub enum Error {
     /// No rules were ever loaded (`RuleSet::not_loaded`).
     #[error("no rate limit configuration loaded")]
     NoConfig,
+    /// The client's deadline (its `grpc-timeout`) passed before the request was decided.
+    #[error("deadline of {0:?} passed before the request was decided")]
+    DeadlinePassed(Duration),
 }
 
 impl From<Error> for Status {
@@ -255,6 +266,7 @@ impl From<Error> for Status {
         match error {
             Error::Request(error) => Status::invalid_argument(error.to_string()),
             Error::Overloaded(error) => Status::resource_exhausted(error.to_string()),
+            Error::DeadlinePassed(_) => Status::deadline_exceeded(error.to_string()),
             // The reference's code and words for a server without rules.
             Error::NoConfig => Status::unknown(error.to_string()),
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides
@@ -270,150 +282,4 @@ impl From<Error> for Status {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::{Charge, Outcome};
-    use crate::clock::ManualClock;
-    use crate::limiter::Modes;
-    use crate::pb::RateLimitService as _;
-    use crate::pb::rate_limit_response as rls;
-    use crate::storage::memory::MemoryStore;
-    use crate::storage::{CounterReset, CounterStore, Hit, Store};
-    use arc_swap::ArcSwap;
-    use std::path::Path;
-
-    const RULES: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
-
-    struct DownStore;
-
-    #[tonic::async_trait]
-    impl CounterStore for DownStore {
-        async fn apply(&self, _: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
-            Err(StoreError::unavailable("connection refused"))
-        }
-        async fn ping(&self) -> Result<(), StoreError> {
-            Err(StoreError::unavailable("connection refused"))
-        }
-    }
-
-    #[tonic::async_trait]
-    impl CounterReset for DownStore {
-        async fn forget(&self, _: &[Hit]) -> Result<(), StoreError> {
-            Err(StoreError::unavailable("connection refused"))
-        }
-    }
-
-    fn service<S: CounterStore + CounterReset>(store: Arc<S>) -> RlsService {
-        service_with(store, ServiceOptions::default())
-    }
-
-    fn service_with<S: CounterStore + CounterReset>(
-        store: Arc<S>,
-        options: ServiceOptions,
-    ) -> RlsService {
-        let rules = crate::config::file::parse(Path::new("d.yaml"), RULES).unwrap();
-        let rules = Arc::new(ArcSwap::from_pointee(crate::rules::RuleSet::new([rules])));
-        RlsService::new(
-            Arc::new(RateLimiter::new(
-                rules,
-                &Store::local(store),
-                Modes::default(),
-            )),
-            options,
-            Arc::new(Metrics::default()),
-        )
-    }
-
-    fn request(value: &str) -> pb::RateLimitRequest {
-        pb::RateLimitRequest {
-            domain: "d".into(),
-            descriptors: vec![pb::RateLimitDescriptor {
-                entries: vec![pb::rate_limit_descriptor::Entry {
-                    key: "k".into(),
-                    value: value.into(),
-                }],
-                ..Default::default()
-            }],
-            hits_addend: 0,
-        }
-    }
-
-    #[tokio::test]
-    async fn the_handler_answers_with_the_limited_shape() {
-        let clock = ManualClock::at_seconds(2222);
-        let store = Arc::new(MemoryStore::new(100, Charge::IfAllowed, Arc::new(clock)));
-        let svc = service(store);
-        let response = svc
-            .should_rate_limit(Request::new(request("v")))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(response.overall_code, rls::Code::Ok as i32);
-        let status = &response.statuses[0];
-        assert_eq!(status.limit_remaining, 1);
-        assert_eq!(
-            status.duration_until_reset,
-            Some(prost_types::Duration {
-                seconds: 58,
-                nanos: 0
-            })
-        );
-        assert_eq!(
-            status
-                .current_limit
-                .as_ref()
-                .map(|l| (l.requests_per_unit, l.unit)),
-            Some((2, 2))
-        );
-    }
-
-    #[tokio::test]
-    async fn the_store_error_marker_goes_upstream_unless_asked_for_on_the_response() {
-        let marked = |place: StoreErrorHeader| async move {
-            let options = ServiceOptions {
-                on_store_error: OnStoreError::Allow,
-                store_error_header: place,
-                ..ServiceOptions::default()
-            };
-            let svc = service_with(Arc::new(DownStore), options);
-            let response = svc.answer(request("v"), None).await.unwrap();
-            let names = |headers: &[pb::HeaderValue]| -> Vec<String> {
-                headers
-                    .iter()
-                    .map(|h| format!("{}: {}", h.key, h.value))
-                    .collect()
-            };
-            (
-                names(&response.request_headers_to_add),
-                names(&response.response_headers_to_add),
-            )
-        };
-        let marker = vec![format!("{STORE_ERROR_HEADER}: allow")];
-        assert_eq!(
-            marked(StoreErrorHeader::Upstream).await,
-            (marker.clone(), vec![])
-        );
-        assert_eq!(marked(StoreErrorHeader::Response).await, (vec![], marker));
-        assert_eq!(marked(StoreErrorHeader::Off).await, (vec![], vec![]));
-    }
-
-    #[tokio::test]
-    async fn a_failing_store_is_unavailable_so_envoy_failure_mode_decides() {
-        let svc = service(Arc::new(DownStore));
-        let status = svc
-            .should_rate_limit(Request::new(request("v")))
-            .await
-            .unwrap_err();
-        assert_eq!(status.code(), tonic::Code::Unavailable);
-        assert_eq!(status.message(), "rate limit store unavailable");
-        // A descriptor that matches nothing never reaches the store.
-        let mut unmatched = request("v");
-        unmatched.descriptors[0].entries[0].key = "other".into();
-        let response = svc
-            .should_rate_limit(Request::new(unmatched))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(response.overall_code, rls::Code::Ok as i32);
-    }
-}
+mod tests;

@@ -105,7 +105,8 @@ pub struct ServiceOptions {
     )]
     pub max_in_flight: usize,
 
-    /// Longest wait for a decision slot when --max-in-flight are busy.
+    /// Longest wait for a decision slot when --max-in-flight are busy; never past the
+    /// client's gRPC deadline.
     #[arg(long, env = "TOLLGATE_MAX_QUEUE_TIME", default_value = "50ms", value_parser = humantime::parse_duration, help_heading = "Responses and load shedding")]
     pub max_queue_time: Duration,
 

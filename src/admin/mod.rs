@@ -162,7 +162,7 @@ async fn decide_json(State(admin): State<Admin>, body: Bytes) -> Response {
         )
             .into_response(),
         // Not sent here (a JSON request carries no deadline), but named for what it is.
-        Err(error @ service::Error::DeadlinePassed(_)) => {
+        Err(error @ service::Error::DeadlinePassed) => {
             (StatusCode::GATEWAY_TIMEOUT, format!("{error}\n")).into_response()
         }
     }

@@ -7,27 +7,28 @@ use tonic::codegen::http;
 
 /// When a call's answer stops being of use: its client's gRPC timeout after it reached the
 /// handler. The client has given up by then, and any hits decided would count for an answer
-/// nobody reads.
+/// nobody reads. (An instant alone: every request's future carries it.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {
     pub at: Instant,
-    /// The timeout the client sent.
-    pub timeout: Duration,
 }
 
 impl Deadline {
     /// The deadline of a call that arrived at `arrived` with `metadata`'s `grpc-timeout`, if
     /// it sent one.
     pub fn of(metadata: &tonic::metadata::MetadataMap, arrived: Instant) -> Option<Self> {
-        let timeout = grpc_timeout(metadata)?;
         Some(Self {
-            at: arrived + timeout,
-            timeout,
+            at: arrived + grpc_timeout(metadata)?,
         })
     }
 
     pub fn passed(&self) -> bool {
         Instant::now() >= self.at
+    }
+
+    /// What remains of it.
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
     }
 }
 

@@ -15,7 +15,7 @@ pub use encode::encode;
 pub use options::{OnStoreError, STORE_ERROR_HEADER, ServiceOptions, StoreErrorHeader};
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -69,8 +69,8 @@ impl RlsService {
             .admission
             .enter(deadline.map(|deadline| deadline.at))
             .await?;
-        if let Some(deadline) = deadline.filter(Deadline::passed) {
-            return Err(Error::DeadlinePassed(deadline.timeout));
+        if deadline.as_ref().is_some_and(Deadline::passed) {
+            return Err(Error::DeadlinePassed);
         }
         let options = &*self.options;
         // Dynamic metadata describes the request as sent; kept only when asked for.
@@ -81,9 +81,12 @@ impl RlsService {
             Ok(rules) => match self.limiter.decide(&rules, &request) {
                 Deciding::Made(decided) => decided,
                 Deciding::Waiting(decision) => match deadline {
-                    Some(deadline) => tokio::time::timeout_at(deadline.at, decision)
-                        .await
-                        .unwrap_or(Err(Undecided::Store(StoreError::Timeout(deadline.timeout)))),
+                    Some(deadline) => {
+                        let remaining = deadline.remaining();
+                        tokio::time::timeout(remaining, decision)
+                            .await
+                            .unwrap_or(Err(Undecided::Store(StoreError::Timeout(remaining))))
+                    }
                     None => decision.await,
                 },
             },
@@ -257,8 +260,8 @@ pub enum Error {
     #[error("no rate limit configuration loaded")]
     NoConfig,
     /// The client's deadline (its `grpc-timeout`) passed before the request was decided.
-    #[error("deadline of {0:?} passed before the request was decided")]
-    DeadlinePassed(Duration),
+    #[error("the client's deadline passed before the request was decided")]
+    DeadlinePassed,
 }
 
 impl From<Error> for Status {
@@ -266,7 +269,7 @@ impl From<Error> for Status {
         match error {
             Error::Request(error) => Status::invalid_argument(error.to_string()),
             Error::Overloaded(error) => Status::resource_exhausted(error.to_string()),
-            Error::DeadlinePassed(_) => Status::deadline_exceeded(error.to_string()),
+            Error::DeadlinePassed => Status::deadline_exceeded(error.to_string()),
             // The reference's code and words for a server without rules.
             Error::NoConfig => Status::unknown(error.to_string()),
             // UNAVAILABLE, not an OK or a guess: Envoy's `failure_mode_deny` then decides

@@ -88,7 +88,7 @@ local function write_counters(keys, h, n, left, expires, grace, out)
     local first = first_of[i]
     local final = left[last_of[first]]
     if last_of[first] == i and write_expiry[first] then
-      redis.call('SET', keys[i], encode_state(final), 'PX', ttl_ms(write_expiry[first], grace))
+      redis_call('SET', keys[i], encode_state(final), 'PX', ttl_ms(write_expiry[first], grace))
     end
     local base = 1 + (i - 1) * 6
     out[base + 5], out[base + 6] = (final and final[1]) or -1, (final and final[2]) or -1

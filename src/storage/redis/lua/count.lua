@@ -29,7 +29,7 @@ local function decide_counts(h, n, stride, found, repeats, charge)
   for i = 1, n do
     local at = stride * i - stride
     local raw = found[i]
-    local held = tonumber(raw or 0)
+    local held = to_number(raw or 0)
     if held == nil then
       return malformed('counter ' .. i)
     end
@@ -42,7 +42,8 @@ local function decide_counts(h, n, stride, found, repeats, charge)
     if repeats and h[at + 6] > 0 then
       before = chain[h[at + 6]]
     end
-    local fits = before + max(amount, 1) <= h[at + 1]
+    -- A check (0 hits) fits where one hit would; inline, as calling max costs Redis more.
+    local fits = before + (amount > 0 and amount or 1) <= h[at + 1]
     if not fits and allowed == nil then
       allowed = {}
       for j = 1, i - 1 do
@@ -95,11 +96,11 @@ local function count(keys, argv, declared)
   local h = numbers(packed, 33, stride * n)
   local found
   if declared then
-    found = redis.call('MGET', unpack(keys))
+    found = redis_call('MGET', unpack(keys))
   else
     found = {}
     for i = 1, n do
-      found[i] = redis.call('GET', keys[i])
+      found[i] = redis_call('GET', keys[i])
     end
   end
   local failed, allowed, missing, chain = decide_counts(h, n, stride, found, repeats, charge)
@@ -121,11 +122,11 @@ local function count(keys, argv, declared)
       if added > 0 then
         local by = amount_text
         if by == '' or added ~= h[at + 2] then
-          by = string.format('%d', added)
+          by = string_format('%d', added)
         end
-        redis.call('INCRBY', keys[i], by)
+        redis_call('INCRBY', keys[i], by)
         if missing and missing[i] then
-          redis.call('PEXPIRE', keys[i], h[at + 3])
+          redis_call('PEXPIRE', keys[i], h[at + 3])
         end
       end
     end

@@ -11,16 +11,19 @@
 --           rule (src/storage/rule.rs); a lone hit consumes nothing when denied whether or
 --           not it vetoes, so nothing here depends on its role.
 local function count_one(keys, argv)
-  local key, limit, amount = keys[1], tonumber(argv[1]), tonumber(argv[2])
+  if fmod == nil then
+    bind_globals()
+  end
+  local key, limit, amount = keys[1], to_number(argv[1]), to_number(argv[2])
   if limit == nil or amount == nil then
     return malformed('hit 1')
   end
   if amount == 0 then
-    return tonumber(redis.call('GET', key) or 0)
+    return to_number(redis_call('GET', key) or 0)
   end
-  local after = redis.call('INCRBY', key, argv[2])
+  local after = redis_call('INCRBY', key, argv[2])
   if after == amount then
-    redis.call('PEXPIRE', key, argv[3])
+    redis_call('PEXPIRE', key, argv[3])
   end
   local before = after - amount
   if after <= limit then
@@ -28,12 +31,12 @@ local function count_one(keys, argv)
   end
   if argv[4] == '1' then
     if after > MAX_COUNT then
-      redis.call('SET', key, string.format('%d', MAX_COUNT), 'KEEPTTL')
+      redis_call('SET', key, string_format('%d', MAX_COUNT), 'KEEPTTL')
     end
   elseif before == 0 then
-    redis.call('DEL', key)
+    redis_call('DEL', key)
   else
-    redis.call('DECRBY', key, argv[2])
+    redis_call('DECRBY', key, argv[2])
   end
   return before
 end

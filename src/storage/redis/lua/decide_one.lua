@@ -25,7 +25,7 @@ local function decide_one(keys, argv)
   if algorithm == nil or window < 1 or tick < 1 then
     return malformed('hit 1')
   end
-  local raw = redis.call('GET', keys[1])
+  local raw = redis_call('GET', keys[1])
   local state = nil
   if raw then
     state = parse_state(raw)
@@ -33,7 +33,7 @@ local function decide_one(keys, argv)
   local new_state, _, _, reset_after =
     algorithm.decide(state, now, limit, window, parameter, amount, charge == 1)
   if new_state then
-    redis.call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))
+    redis_call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))
   end
   return raw
 end

@@ -51,7 +51,7 @@ local function give_back(keys, argv)
         local tick = h[at + 4]
         local window = max(idiv(h[at + 3], tick), 1)
         ALGORITHMS[h[at + 1]].give_back(state, idiv(at_us, tick), h[at + 2], window, h[at + 5], totals[i])
-        redis.call('SET', keys[i], encode_state(state), 'KEEPTTL')
+        redis_call('SET', keys[i], encode_state(state), 'KEEPTTL')
       end
       states[i] = state
     end

@@ -29,12 +29,12 @@ local PER_LEASE = 10
 -- The holders a bucket's tally names whose slices live past `at`; those whose have ended
 -- are taken out.
 local function live_holders(tally, at)
-  local entries, live = redis.call('HGETALL', tally), 0
+  local entries, live = redis_call('HGETALL', tally), 0
   for i = 1, #entries, 2 do
-    if tonumber(entries[i + 1]) > at then
+    if to_number(entries[i + 1]) > at then
       live = live + 1
     else
-      redis.call('HDEL', tally, entries[i])
+      redis_call('HDEL', tally, entries[i])
     end
   end
   return live
@@ -57,23 +57,23 @@ local function lease(keys, argv)
   local intact, holders = 1, 0
   local granted, remaining, reset_after, state = 0, 0, 0, nil
   if code == 0 then
-    if tonumber(redis.call('HGET', keys[2], holder) or 0) < expected then
+    if to_number(redis_call('HGET', keys[2], holder) or 0) < expected then
       intact = 0
     end
-    local count = tonumber(redis.call('GET', keys[1]) or 0)
+    local count = to_number(redis_call('GET', keys[1]) or 0)
     granted = min(want, max(limit - count, 0))
     if granted > 0 then
-      count = redis.call('INCRBY', keys[1], string.format('%d', granted))
+      count = redis_call('INCRBY', keys[1], string_format('%d', granted))
       if count == granted then
-        redis.call('PEXPIRE', keys[1], ttl)
+        redis_call('PEXPIRE', keys[1], ttl)
       end
     end
     remaining, reset_after = max(limit - count, 0), window_us - fmod(at, window_us)
     if granted > 0 then
-      redis.call('HINCRBY', keys[2], holder, string.format('%d', granted))
-      redis.call('PEXPIRE', keys[2], ttl)
+      redis_call('HINCRBY', keys[2], holder, string_format('%d', granted))
+      redis_call('PEXPIRE', keys[2], ttl)
     end
-    holders = redis.call('HLEN', keys[2])
+    holders = redis_call('HLEN', keys[2])
   else
     local window = max(idiv(window_us, tick), 1)
     local life_ticks = idiv(life + tick - 1, tick) + 1
@@ -82,9 +82,9 @@ local function lease(keys, argv)
     reset_after = reset_after * tick
     local grace = ttl
     if state then
-      redis.call('SET', keys[1], encode_state(state), 'PX', ttl_ms(reset_after, grace))
-      redis.call('HSET', keys[2], holder, string.format('%d', at + life))
-      redis.call('PEXPIRE', keys[2], div_ceil(life, 1000) + grace)
+      redis_call('SET', keys[1], encode_state(state), 'PX', ttl_ms(reset_after, grace))
+      redis_call('HSET', keys[2], holder, string_format('%d', at + life))
+      redis_call('PEXPIRE', keys[2], div_ceil(life, 1000) + grace)
     end
     holders = live_holders(keys[2], at)
   end

@@ -9,22 +9,22 @@ local function lease_return(keys, argv)
   if fmod == nil then
     bind_globals()
   end
-  local unused, holder = tonumber(argv[1]), argv[2]
+  local unused, holder = to_number(argv[1]), argv[2]
   if unused == nil or holder == nil then
     return malformed('lease_return')
   end
-  local held = tonumber(redis.call('HGET', keys[2], holder) or 0)
-  local count = tonumber(redis.call('GET', keys[1]) or 0)
+  local held = to_number(redis_call('HGET', keys[2], holder) or 0)
+  local count = to_number(redis_call('GET', keys[1]) or 0)
   local back = min(unused, held, count)
   if back <= 0 then
     return 0
   end
-  local amount = string.format('%d', back)
+  local amount = string_format('%d', back)
   if back == held then
-    redis.call('HDEL', keys[2], holder)
+    redis_call('HDEL', keys[2], holder)
   else
-    redis.call('HINCRBY', keys[2], holder, '-' .. amount)
+    redis_call('HINCRBY', keys[2], holder, '-' .. amount)
   end
-  redis.call('DECRBY', keys[1], amount)
+  redis_call('DECRBY', keys[1], amount)
   return back
 end

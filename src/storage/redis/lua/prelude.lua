@@ -26,14 +26,15 @@ local ALGORITHMS = {}
 -- The largest count a fixed window stores (algorithm::MAX_COUNT, 2^52).
 local MAX_COUNT = 4503599627370496
 
--- math's functions, struct.unpack and those a state is parsed and formatted by, as
--- upvalues: looking one up as a global (the environment, then the library table) costs Redis
--- more than the arithmetic around it. A library cannot read globals other than `redis` while
+-- redis.call, math's functions, struct.unpack and those numbers are parsed and formatted by,
+-- as upvalues: looking one up as a global (the environment, then the library table) costs
+-- Redis more than the arithmetic around it. A library cannot read globals other than `redis` while
 -- it loads, so each layout binds them on its first call.
-local max, min, fmod, unpack_numbers, string_match, to_number, string_format
+local max, min, fmod, unpack_numbers, string_match, to_number, string_format, redis_call
 local function bind_globals()
   max, min, fmod, unpack_numbers = math.max, math.min, math.fmod, struct.unpack
   string_match, to_number, string_format = string.match, tonumber, string.format
+  redis_call = redis.call
 end
 
 -- The numbers of a call come packed into one argument (src/storage/redis/call/numbers.rs),

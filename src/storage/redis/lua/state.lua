@@ -19,14 +19,14 @@ local function parse_state(raw)
   end
   local state = {}
   for number in string.gmatch(raw, '%d+') do
-    state[#state + 1] = tonumber(number)
+    state[#state + 1] = to_number(number)
   end
   return state
 end
 
 -- The state under `key`, or false.
 local function read_state(key)
-  local raw = redis.call('GET', key)
+  local raw = redis_call('GET', key)
   if not raw then
     return false
   end
@@ -40,7 +40,7 @@ local function encode_state(state)
   end
   local parts = {}
   for i, number in ipairs(state) do
-    parts[i] = string.format('%d', number)
+    parts[i] = string_format('%d', number)
   end
   return table.concat(parts, ' ')
 end

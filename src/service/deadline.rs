@@ -14,11 +14,12 @@ pub struct Deadline {
 }
 
 impl Deadline {
-    /// The deadline of a call that arrived at `arrived` with `metadata`'s `grpc-timeout`, if
-    /// it sent one.
-    pub fn of(metadata: &tonic::metadata::MetadataMap, arrived: Instant) -> Option<Self> {
+    /// The deadline of a call arriving now with `metadata`'s `grpc-timeout`, if it sent one
+    /// and it falls within the clock's range (a timeout of millions of years is none).
+    pub fn of(metadata: &tonic::metadata::MetadataMap) -> Option<Self> {
+        let timeout = grpc_timeout(metadata)?;
         Some(Self {
-            at: arrived + grpc_timeout(metadata)?,
+            at: Instant::now().checked_add(timeout)?,
         })
     }
 
@@ -73,5 +74,25 @@ mod tests {
         assert_eq!(deadline(None), None);
         assert_eq!(deadline(Some("bad")), None);
         assert_eq!(deadline(Some("5x")), None);
+    }
+
+    #[test]
+    fn a_timeout_past_the_clock_s_range_is_no_deadline() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("grpc-timeout", "18446744073709551615H".parse().unwrap());
+        assert_eq!(Deadline::of(&metadata), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_is_the_timeout_after_the_call_arrived() {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        metadata.insert("grpc-timeout", "20m".parse().unwrap());
+        let arrived = Instant::now();
+        assert_eq!(
+            Deadline::of(&metadata),
+            Some(Deadline {
+                at: arrived + Duration::from_millis(20)
+            })
+        );
     }
 }

@@ -83,6 +83,9 @@ impl RlsService {
                 Deciding::Waiting(decision) => match deadline {
                     Some(deadline) => {
                         let remaining = deadline.remaining();
+                        if remaining.is_zero() {
+                            return Err(Error::DeadlinePassed);
+                        }
                         tokio::time::timeout(remaining, decision)
                             .await
                             .unwrap_or(Err(Undecided::Store(StoreError::Timeout(remaining))))
@@ -164,8 +167,7 @@ impl RlsService {
         metadata: &tonic::metadata::MetadataMap,
         request: pb::RateLimitRequest,
     ) -> Result<pb::RateLimitResponse, Status> {
-        let started = Instant::now();
-        let deadline = Deadline::of(metadata, started.into());
+        let deadline = Deadline::of(metadata);
         // The caller's trace context must be set before the span is first entered.
         let span = crate::request_span!(
             "should_rate_limit",
@@ -180,6 +182,7 @@ impl RlsService {
         span.record("descriptors", request.descriptors.len());
         // One line per decision at debug, built only when someone reads it.
         let shown = tracing::enabled!(tracing::Level::DEBUG).then(|| show_request(&request));
+        let started = Instant::now();
         // A span that is off still costs a wrapper and a move of the whole future.
         let answer = if span.is_disabled() {
             self.answer(request, deadline).await

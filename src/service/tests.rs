@@ -205,3 +205,19 @@ async fn the_store_call_is_given_what_remains_of_the_deadline() {
         "{error:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_call_s_grpc_timeout_bounds_its_store_call() {
+    let svc = service(Arc::new(SilentStore));
+    let mut call = Request::new(request("v"));
+    call.metadata_mut()
+        .insert("grpc-timeout", "40m".parse().unwrap());
+    let arrived = tokio::time::Instant::now();
+    // Were the timeout not read, the call would wait on the store for ever.
+    let status = tokio::time::timeout(Duration::from_secs(1), svc.should_rate_limit(call))
+        .await
+        .expect("the call's deadline bounds it")
+        .unwrap_err();
+    assert_eq!(arrived.elapsed(), Duration::from_millis(40));
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+}

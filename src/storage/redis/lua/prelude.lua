@@ -26,9 +26,9 @@ local ALGORITHMS = {}
 -- The largest count a fixed window stores (algorithm::MAX_COUNT, 2^52).
 local MAX_COUNT = 4503599627370496
 
--- redis.call, math's functions, struct.unpack and those numbers are parsed and formatted by,
--- as upvalues: looking one up as a global (the environment, then the library table) costs
--- Redis more than the arithmetic around it. A library cannot read globals other than `redis` while
+-- redis.call and the functions numbers are unpacked, parsed, formatted and compared by, as
+-- upvalues: looking one up as a global (the environment, then the library table) costs Redis
+-- more than the arithmetic around it. A library cannot read globals other than `redis` while
 -- it loads, so each layout binds them on its first call.
 local max, min, fmod, unpack_numbers, string_match, to_number, string_format, redis_call
 local function bind_globals()

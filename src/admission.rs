@@ -1,7 +1,8 @@
 //! Load shedding: at most `max_in_flight` decisions at once. A request beyond that waits up
 //! to `max_queue_time` for a slot, and no longer than its client's deadline (at most
-//! `max_in_flight` requests wait), then is refused with RESOURCE_EXHAUSTED. Beyond capacity, admitted requests keep a bounded latency and the
-//! process a bounded memory, instead of every request slowing down together.
+//! `max_in_flight` requests wait), then is refused with RESOURCE_EXHAUSTED. Beyond capacity,
+//! admitted requests keep a bounded latency and the process a bounded memory, instead of
+//! every request slowing down together.
 //!
 //! On gRPC, a request that would be refused at once is refused before it is read
 //! (`service::RlsRoute`): such a refusal costs no decoding, no tracing span and no limiter

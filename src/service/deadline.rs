@@ -24,7 +24,7 @@ impl Deadline {
     }
 
     pub fn passed(&self) -> bool {
-        Instant::now() >= self.at
+        self.remaining().is_zero()
     }
 
     /// What remains of it.

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::algorithm::{Algorithm, Anchor, Charge, Params};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::{EntryValue, counter_key};
-use crate::storage::redis::call::{Call, Layout, Op};
+use crate::storage::redis::call::{Call, Layout, Op, SlidingWindowLayout};
 use crate::storage::redis::connection::call_as;
 use crate::storage::{Hit, Role};
 
@@ -28,7 +28,8 @@ pub struct CallsArgs {
     pub redis: String,
 
     /// What to send: `floor`, or the algorithm of every hit (`fixed_window`,
-    /// `fixed_window_first_hit`, `sliding_window`, `sliding_log`, `token_bucket`, `gcra`).
+    /// `fixed_window_first_hit`, `sliding_window`, `sliding_window_counters` (written in the
+    /// counters layout), `sliding_log`, `token_bucket`, `gcra`).
     #[arg(long, default_value = "fixed_window")]
     pub call: String,
 
@@ -116,13 +117,19 @@ enum Shape {
     Hits {
         params: Params,
         layout: Option<Layout>,
+        sliding_window: SlidingWindowLayout,
     },
 }
 
 impl Shape {
     fn of(args: &CallsArgs) -> anyhow::Result<Self> {
+        let mut sliding_window = SlidingWindowLayout::Text;
         let algorithm = match args.call.as_str() {
             "floor" => return Ok(Shape::Floor(Arc::new(redis::Script::new(FLOOR_SCRIPT)))),
+            "sliding_window_counters" => {
+                sliding_window = SlidingWindowLayout::Counters;
+                Algorithm::SlidingWindow
+            }
             "fixed_window_first_hit" => Algorithm::FixedWindow {
                 anchor: Anchor::FirstHit,
             },
@@ -146,16 +153,24 @@ impl Shape {
             requests: args.limit,
             window: MICROS_PER_SECOND,
         };
-        Ok(Shape::Hits { params, layout })
+        Ok(Shape::Hits {
+            params,
+            layout,
+            sliding_window,
+        })
     }
 
     /// The layout the calls go in (a call of `hits` hits of this shape, as `send` builds it).
     fn layout_name(&self, hits: usize) -> String {
         match self {
             Shape::Floor(_) => "floor".to_owned(),
-            Shape::Hits { params, layout } => {
+            Shape::Hits {
+                params,
+                layout,
+                sliding_window,
+            } => {
                 let hits = hits_of(params, 0, hits);
-                let call = call(&hits, 0);
+                let call = call(&hits, 0, *sliding_window);
                 layout
                     .unwrap_or_else(|| Layout::of(&call))
                     .name()
@@ -171,7 +186,7 @@ impl Shape {
         count: usize,
         grace_ms: u64,
     ) -> anyhow::Result<()> {
-        let (params, layout) = match self {
+        let (params, layout, sliding_window) = match self {
             Shape::Floor(script) => {
                 // A key as long as a counter's (key length is part of what Redis spends).
                 let params = Params {
@@ -188,10 +203,14 @@ impl Shape {
                     .await?;
                 return Ok(());
             }
-            Shape::Hits { params, layout } => (params, layout),
+            Shape::Hits {
+                params,
+                layout,
+                sliding_window,
+            } => (params, layout, *sliding_window),
         };
         let hits = hits_of(params, user, count);
-        let call = call(&hits, grace_ms);
+        let call = call(&hits, grace_ms, sliding_window);
         let layout = layout.unwrap_or_else(|| Layout::of(&call));
         call_as(connection, &call, layout).await?;
         Ok(())
@@ -226,7 +245,7 @@ const AT: Micros = FLOOR_WINDOW * MICROS_PER_SECOND;
 const FLOOR_WINDOW: u64 = 1_795_000_000;
 
 /// A call of `hits` at `AT`, as one request's.
-fn call(hits: &[Hit], grace_ms: u64) -> Call<'_> {
+fn call(hits: &[Hit], grace_ms: u64, sliding_window: SlidingWindowLayout) -> Call<'_> {
     Call {
         op: Op::Apply { now: AT },
         hits,
@@ -235,6 +254,7 @@ fn call(hits: &[Hit], grace_ms: u64) -> Call<'_> {
         complete: true,
         prefix: "",
         grace_ms,
+        sliding_window,
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::builder::{BoolishValueParser, TypedValueParser};
 
+use super::redis::call::SlidingWindowLayout;
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
 use crate::algorithm::Charge;
 use crate::clock::Clock;
@@ -116,6 +117,14 @@ pub struct StoreOptions {
     /// `off` decides every hit in Redis.
     #[arg(long, env = "TOLLGATE_LEASE", value_enum, default_value_t = LeaseMode::Off)]
     pub lease: LeaseMode,
+
+    /// How a sliding window's hits are written to Redis: `text`, its state as text under its
+    /// key, as builds before this one read and write it; or `counters`, one integer per
+    /// window, which costs Redis less per hit (limits under 2^26 a window; larger ones stay
+    /// text). Every replica reads both, so once none runs an earlier build, replicas can be
+    /// switched one at a time (docs/operations.md, "Upgrades").
+    #[arg(long, env = "TOLLGATE_REDIS_SLIDING_WINDOW_LAYOUT", value_enum, default_value_t = SlidingWindowLayout::Text)]
+    pub redis_sliding_window_layout: SlidingWindowLayout,
 
     /// Hits a second on one counter, seen by this replica, from which a leased counter's
     /// budget is leased.

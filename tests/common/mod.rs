@@ -8,6 +8,7 @@ pub mod proxy;
 pub mod redis_process;
 pub mod rlqs;
 pub mod rng;
+pub mod sliding_window;
 pub mod xds;
 
 use std::io::{Read, Write};

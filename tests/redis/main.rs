@@ -45,5 +45,7 @@ mod redis_per_second;
 mod redis_refund;
 mod restart;
 mod rlqs_stream;
+mod rolling_upgrade;
 mod runtime;
 mod slot_migrations;
+mod window_counters;

@@ -11,11 +11,12 @@ use crate::common;
 
 use common::redis_process::RedisServer;
 use common::rng::Rng;
+use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
 use tollgate::storage::redis::call::numbers::state_numbers;
-use tollgate::storage::redis::call::{self, Call};
+use tollgate::storage::redis::call::{self, Call, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -137,6 +138,25 @@ async fn stored(
     })
 }
 
+/// How a sequence's calls write a sliding window (the other algorithms have one layout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Writes {
+    /// Every call in this layout.
+    All(SlidingWindowLayout),
+    /// Each call in a layout drawn at random, as replicas switched one at a time do.
+    Mixed,
+}
+
+impl Writes {
+    fn layout(self, rng: &mut Rng) -> SlidingWindowLayout {
+        match self {
+            Writes::All(layout) => layout,
+            Writes::Mixed if rng.below(2) == 0 => SlidingWindowLayout::Text,
+            Writes::Mixed => SlidingWindowLayout::Counters,
+        }
+    }
+}
+
 /// A committed apply that a later step may refund.
 struct Committed {
     at: Micros,
@@ -153,6 +173,7 @@ async fn apply(
     vetoed: bool,
     now: Micros,
     charge: Charge,
+    sliding_window: SlidingWindowLayout,
     context: &str,
 ) -> call::Reply {
     let call = Call {
@@ -163,6 +184,7 @@ async fn apply(
         complete: true,
         prefix: "",
         grace_ms: 3_600_000,
+        sliding_window,
     };
     call_on(connection, &call)
         .await
@@ -174,6 +196,7 @@ async fn run_sequence(
     name: &str,
     params: Params,
     charge: Charge,
+    writes: Writes,
     steps: usize,
     seed: u64,
 ) -> Tally {
@@ -182,7 +205,7 @@ async fn run_sequence(
         "parity",
         [(
             "case",
-            EntryValue::Actual(&format!("{name}-{seed}-{charge:?}")),
+            EntryValue::Actual(&format!("{name}-{seed}-{charge:?}-{writes:?}")),
         )],
         &params,
     );
@@ -225,8 +248,10 @@ async fn run_sequence(
         let (gap, hits) = step(&mut rng, &params);
         now += gap;
         let op = op(&mut rng, charge);
-        let context =
-            format!("{name} ({params:?}, {charge:?}) step {index}: {op:?} {hits} hits at {now}");
+        let layout = writes.layout(&mut rng);
+        let context = format!(
+            "{name} ({params:?}, {charge:?}, {writes:?}) step {index}: {op:?} {hits} hits at {now} by {layout:?}"
+        );
         if op == Op::Refund {
             if pending.is_empty() {
                 continue;
@@ -254,6 +279,7 @@ async fn run_sequence(
                 complete: false,
                 prefix: "",
                 grace_ms: 3_600_000,
+                sliding_window: layout,
             };
             call_on(connection, &call)
                 .await
@@ -269,7 +295,7 @@ async fn run_sequence(
                 blocker.clone(),
             ];
             let vetoed = op == Op::VetoedClientRefund;
-            let reply = apply(connection, &calls, vetoed, now, charge, &context).await;
+            let reply = apply(connection, &calls, vetoed, now, charge, layout, &context).await;
             assert_eq!(reply.outcomes[0], refund.outcome, "{context}: Lua vs Rust");
             if let Some(next) = refund.state {
                 state = Some(next);
@@ -279,7 +305,16 @@ async fn run_sequence(
             let decided = algorithm::decide(&params, state.as_ref(), now, hits, charge);
             let mut expected = decided.outcome;
             let calls = [hit(hits), blocker.clone()];
-            let reply = apply(connection, &calls, op == Op::Veto, now, charge, &context).await;
+            let reply = apply(
+                connection,
+                &calls,
+                op == Op::Veto,
+                now,
+                charge,
+                layout,
+                &context,
+            )
+            .await;
             if op == Op::Veto {
                 tally.vetoed += 1;
                 if expected.allowed {
@@ -306,22 +341,42 @@ async fn run_sequence(
                 tally.denied += 1;
             }
         }
-        assert_eq!(
-            as_of(&params, now, stored(connection, &key, &params, now).await),
-            as_of(&params, now, state.as_ref().map(state_numbers)),
-            "{context}: stored state, Lua vs Rust"
-        );
+        if params.algorithm == Algorithm::SlidingWindow {
+            let newest = sliding_window::newest_window(&params, state.as_ref(), now);
+            assert_eq!(
+                sliding_window::stored(connection, key.as_str(), &params, newest).await,
+                sliding_window::modelled(&params, state.as_ref(), newest),
+                "{context}: stored counts in window {newest} and the one before, Lua vs Rust"
+            );
+        } else {
+            assert_eq!(
+                as_of(&params, now, stored(connection, &key, &params, now).await),
+                as_of(&params, now, state.as_ref().map(state_numbers)),
+                "{context}: stored state, Lua vs Rust"
+            );
+        }
     }
     tally
 }
 
 /// Runs 10,000 steps of the main parameters with the default charge, then shorter sequences
-/// with `--count-denied` and with each variant, and checks both outcomes were exercised.
-async fn parity(name: &str, main: Params, variants: &[Params]) {
+/// with `--count-denied` and with each variant, and checks both outcomes were exercised; then
+/// the main parameters and the variants again for each of `more` ways of writing.
+async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let tally = run_sequence(&mut connection, name, main, Charge::IfAllowed, 10_000, 7).await;
+    let state = Writes::All(SlidingWindowLayout::Text);
+    let tally = run_sequence(
+        &mut connection,
+        name,
+        main,
+        Charge::IfAllowed,
+        state,
+        10_000,
+        7,
+    )
+    .await;
     assert!(
         tally.allowed > 1_000
             && tally.denied > 500
@@ -335,10 +390,43 @@ async fn parity(name: &str, main: Params, variants: &[Params]) {
         tally.refunded,
         tally.client_refunds
     );
-    run_sequence(&mut connection, name, main, Charge::Always, 2_000, 11).await;
-    for (seed, params) in (13..).zip(variants) {
-        for charge in [Charge::IfAllowed, Charge::Always] {
-            run_sequence(&mut connection, name, *params, charge, 2_000, seed).await;
+    run_sequence(
+        &mut connection,
+        name,
+        main,
+        Charge::Always,
+        state,
+        2_000,
+        11,
+    )
+    .await;
+    for &writes in [state].iter().chain(more) {
+        if writes != state {
+            run_sequence(
+                &mut connection,
+                name,
+                main,
+                Charge::IfAllowed,
+                writes,
+                4_000,
+                7,
+            )
+            .await;
+            run_sequence(
+                &mut connection,
+                name,
+                main,
+                Charge::Always,
+                writes,
+                2_000,
+                11,
+            )
+            .await;
+        }
+        for (seed, params) in (13..).zip(variants) {
+            for charge in [Charge::IfAllowed, Charge::Always] {
+                run_sequence(&mut connection, name, *params, charge, writes, 2_000, seed).await;
+            }
         }
     }
     // Every call ran the function library (a library Redis refused to load would leave the
@@ -375,6 +463,7 @@ async fn fixed_window() {
             params(epoch, 0, SECOND),
             params(epoch, 1_000_000, DAY),
         ],
+        &[],
     )
     .await;
 }
@@ -392,6 +481,7 @@ async fn sliding_window() {
             daily,
             params(sliding, 0, SECOND),
         ],
+        &[Writes::All(SlidingWindowLayout::Counters), Writes::Mixed],
     )
     .await;
 }
@@ -409,6 +499,7 @@ async fn sliding_log() {
             params(gapped, 4, 10 * SECOND),
             params(plain, 200, 60 * SECOND),
         ],
+        &[],
     )
     .await;
 }
@@ -426,6 +517,7 @@ async fn token_bucket() {
             daily,
             params(bucket(1), 0, SECOND),
         ],
+        &[],
     )
     .await;
 }
@@ -443,6 +535,7 @@ async fn gcra() {
             daily,
             params(gcra(1), 0, SECOND),
         ],
+        &[],
     )
     .await;
 }

@@ -12,7 +12,7 @@ use tollgate::algorithm::State;
 use tollgate::algorithm::{Algorithm, Charge, Params};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::call::{Call, Op, Reply};
+use tollgate::storage::redis::call::{Call, Op, Reply, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -50,6 +50,7 @@ async fn send(
         complete: false,
         prefix: "",
         grace_ms: 3_600_000,
+        sliding_window: SlidingWindowLayout::Text,
     };
     call_on(connection, &call).await.unwrap()
 }

@@ -214,6 +214,7 @@ impl RedisStore {
             return;
         }
         let (connection, prefix) = (connection.clone(), self.options.key_prefix.clone());
+        let sliding_window = self.options.redis_sliding_window_layout;
         let task = tokio::spawn(async move {
             let calls = refunds.iter().map(|refund| {
                 let call = Call {
@@ -228,6 +229,7 @@ impl RedisStore {
                     prefix: &prefix,
                     // A refund never creates a counter (it keeps the found one's expiry).
                     grace_ms: 0,
+                    sliding_window,
                 };
                 let connection = &connection;
                 async move { connection.call(&call).await }

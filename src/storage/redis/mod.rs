@@ -164,6 +164,7 @@ impl RedisStore {
             complete,
             prefix: &self.options.key_prefix,
             grace_ms: self.grace_ms(),
+            sliding_window: self.options.redis_sliding_window_layout,
         }
     }
 }

@@ -122,7 +122,9 @@ async fn load_library(to: &mut impl Target) -> bool {
 }
 
 /// `verb target numkeys key… arg…`, where `verb target` is `FCALL function`, `EVALSHA sha`
-/// or `EVAL script`; across slots no key is declared and the keys follow the arguments.
+/// or `EVAL script`, the keys each hit's, then a lease's tally or the window counter of each
+/// sliding window written as counters (`Call::window_counter`); across slots no key is
+/// declared and the keys follow the arguments.
 fn command(verb: &str, target: &str, call: &Call<'_>, layout: Layout) -> Cmd {
     // Sized up front (keys of about 90 bytes, a few numbers a hit), so that building the
     // command does not reallocate as arguments are added.
@@ -136,15 +138,26 @@ fn command(verb: &str, target: &str, call: &Call<'_>, layout: Layout) -> Cmd {
             for hit in call.hits {
                 command.arg(call.key(hit));
             }
+            for counter in call.hits.iter().filter_map(|hit| call.window_counter(hit)) {
+                command.arg(counter);
+            }
         }
         None => {
             let tally = call.hits.first().filter(|_| layout.declares_tally());
-            command.arg(hits + usize::from(tally.is_some()));
+            let windows: Vec<String> = call
+                .hits
+                .iter()
+                .filter_map(|hit| call.window_counter(hit))
+                .collect();
+            command.arg(hits + usize::from(tally.is_some()) + windows.len());
             for hit in call.hits {
                 command.arg(call.key(hit));
             }
             if let Some(hit) = tally {
                 command.arg(call.tally_key(hit));
+            }
+            for counter in windows {
+                command.arg(counter);
             }
             layout.encode(call, &mut command);
         }

@@ -5,7 +5,7 @@
 
 use redis::{Cmd, Value};
 
-use super::numbers::{code, integers, n, packed, role_code, state_from_numbers, tick};
+use super::numbers::{integers, n, packed, role_code, state_from_numbers, tick};
 use super::{Call, Layout, Reply};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::storage::{Hit, StoreError};
@@ -23,7 +23,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
         .iter()
         .zip(call.earlier())
         .flat_map(|(hit, earlier)| {
-            let [algorithm, requests, window, tick, parameter] = numbers_of(hit);
+            let [algorithm, requests, window, tick, parameter] = numbers_of(call, hit);
             [
                 algorithm,
                 requests,
@@ -41,11 +41,11 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
 
 /// What the Lua port needs of a hit's limit: its algorithm's code, requests, window (µs), tick
 /// (µs) and parameter (in ticks).
-pub fn numbers_of(hit: &Hit) -> [i64; 5] {
+pub fn numbers_of(call: &Call<'_>, hit: &Hit) -> [i64; 5] {
     let params = &hit.params;
     let tick = tick(params);
     [
-        code(params.algorithm),
+        call.code(params),
         n(params.requests),
         n(params.window),
         n(tick),

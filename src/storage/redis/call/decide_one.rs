@@ -1,12 +1,13 @@
 //! `Layout::DecideOne` (lua/decide_one.lua): one charged hit of any algorithm but the epoch
 //! fixed window, alone in its call. Redis reads the state, decides, writes what the hit
-//! consumed and answers the state it found; the outcome (remaining, reset, retry, a denied
-//! hit's room) is worked out here from that state by the Rust algorithm and the request rule,
-//! which the parity tests hold to the Lua port's answers.
+//! consumed and answers the state it found (a sliding window written as counters, its counts
+//! as one integer); the outcome (remaining, reset, retry, a denied hit's room) is worked out
+//! here from that state by the Rust algorithm and the request rule, which the parity tests
+//! hold to the Lua port's answers.
 
 use redis::{Cmd, Value};
 
-use super::numbers::{code, n, packed, state_of, tick};
+use super::numbers::{n, packed, state_of, tick, window_counts};
 use super::{Call, Reply};
 use crate::algorithm::{Algorithm, Charge, Params};
 use crate::storage::{StoreError, rule};
@@ -35,7 +36,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
     let tick = tick(params);
     command.arg(
         packed([
-            code(params.algorithm),
+            call.code(params),
             n(call.instant() / tick),
             n(params.requests),
             n((params.window / tick).max(1)),
@@ -53,7 +54,12 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
     let [hit] = call.hits else {
         return Err(call.malformed(super::Layout::DecideOne, &reply));
     };
-    let found = state_of(hit.params.algorithm, &reply)?;
+    let found = match reply {
+        Value::Int(counts) if hit.params.algorithm == Algorithm::SlidingWindow => {
+            Some(window_counts(&hit.params, call.instant(), counts)?)
+        }
+        reply => state_of(hit.params.algorithm, &reply)?,
+    };
     let found = [found.as_ref()];
     let decided = rule::decide(
         call.hits,

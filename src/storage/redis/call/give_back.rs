@@ -24,7 +24,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
             .zip(call.earlier())
             .enumerate()
             .flat_map(|(index, (hit, earlier))| {
-                let [algorithm, requests, window, tick, parameter] = numbers_of(hit);
+                let [algorithm, requests, window, tick, parameter] = numbers_of(call, hit);
                 // A counter whose refund requires its state, and that state's first two numbers
                 // (-1 -1, which no state holds, when the consuming call did not tell it).
                 let required = hit.params.algorithm.refund() == Refund::IfUnchanged;

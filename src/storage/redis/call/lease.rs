@@ -39,7 +39,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
     } else {
         call.grace_ms
     };
-    let [algorithm, requests, window, tick, parameter] = numbers_of(hit);
+    let [algorithm, requests, window, tick, parameter] = numbers_of(call, hit);
     let numbers = [
         algorithm,
         requests,

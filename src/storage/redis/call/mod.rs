@@ -22,7 +22,7 @@ pub mod lease;
 pub mod lease_return;
 pub mod numbers;
 
-use crate::algorithm::{Charge, Outcome, State};
+use crate::algorithm::{Algorithm, Charge, Outcome, Params, State};
 use crate::clock::Micros;
 use crate::storage::{Hit, StoreError};
 use numbers::{is_counter, window_number};
@@ -136,6 +136,23 @@ pub enum Op<'a> {
     LeaseReturn { at: Micros, holder: &'a str },
 }
 
+/// How a sliding window's hits are written to Redis (`--redis-sliding-window-layout`). Each
+/// layout is read first by the replicas writing it, the other when it holds counts
+/// (lua/window_counters.lua), so replicas writing either share a counter exactly: the layout
+/// can be switched one replica at a time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SlidingWindowLayout {
+    /// Its state as text under its key (`start current previous`), rewritten by SET with its
+    /// expiry on each hit: what every build before the counters layout reads and writes, so
+    /// the default while they may run.
+    #[default]
+    Text,
+    /// One integer per window under its key with the window's number appended (the window's
+    /// count and the previous window's, packed), counted by INCRBY, as a fixed window's; for
+    /// limits under `numbers::WINDOW_COUNTS`.
+    Counters,
+}
+
 /// One call: `hits` (all in one slot, or with `node` on one node), and what to do with them.
 pub struct Call<'a> {
     pub op: Op<'a>,
@@ -155,6 +172,8 @@ pub struct Call<'a> {
     /// (`clock::grace`): a hit decided at an instant of a window that reaches Redis late must
     /// find that window's counter, never start it again.
     pub grace_ms: u64,
+    /// How the call writes sliding windows (`--redis-sliding-window-layout`).
+    pub sliding_window: SlidingWindowLayout,
 }
 
 /// What a call answered.
@@ -176,6 +195,29 @@ impl Call<'_> {
             Op::Apply { now } => now,
             Op::GiveBack { at, .. } | Op::Lease { at, .. } | Op::LeaseReturn { at, .. } => at,
         }
+    }
+
+    /// The code the Lua library knows the counters of `params` by in this call: a sliding
+    /// window's says which layout its hits are written in (counters only for limits whose
+    /// counts they can hold).
+    pub fn code(&self, params: &Params) -> i64 {
+        let counters = self.sliding_window == SlidingWindowLayout::Counters
+            && params.requests < numbers::WINDOW_COUNTS;
+        match params.algorithm {
+            Algorithm::SlidingWindow if counters => numbers::SLIDING_WINDOW_COUNTERS,
+            algorithm => numbers::code(algorithm),
+        }
+    }
+
+    /// The counter a sliding window's hit written as counters declares after the hits' keys
+    /// (lua/window_counters.lua): its key with the number of the window of the call's instant
+    /// appended. `None` for a hit not written so.
+    pub fn window_counter(&self, hit: &Hit) -> Option<String> {
+        if self.code(&hit.params) != numbers::SLIDING_WINDOW_COUNTERS {
+            return None;
+        }
+        let number = window_number(&hit.params, self.instant());
+        Some(format!("{}{}:{number}", self.prefix, hit.key.as_str()))
     }
 
     /// A hit's key in Redis: the prefix, the counter's key, and for a counter of one integer

@@ -31,7 +31,8 @@ pub fn n(value: u64) -> i64 {
 
 /// The code the Lua library registers an algorithm's port under (`ALGORITHMS[code]`). A
 /// fixed window aligned on the epoch is stored as one integer per window (code 0); with its
-/// window started at the first hit, as its two numbers (code 1).
+/// window started at the first hit, as its two numbers (code 1). A sliding window written as
+/// one integer per window is `SLIDING_WINDOW_COUNTERS` (`Call::code`).
 pub fn code(algorithm: Algorithm) -> i64 {
     match algorithm {
         Algorithm::FixedWindow {
@@ -46,6 +47,15 @@ pub fn code(algorithm: Algorithm) -> i64 {
         Algorithm::Gcra { .. } => 5,
     }
 }
+
+/// A sliding window whose hits are written as one integer per window
+/// (`SlidingWindowLayout::Counters`; lua/window_counters.lua).
+pub const SLIDING_WINDOW_COUNTERS: i64 = 6;
+
+/// Such an integer holds the window's count plus this many times the previous window's
+/// (lua/window_counters.lua, `PACK`): counts stay below it, so the layout is written only for
+/// limits below it.
+pub const WINDOW_COUNTS: u64 = 1 << 26;
 
 /// A role as rule.lua reads it.
 pub fn role_code(role: Role) -> i64 {
@@ -154,6 +164,22 @@ pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, St
     };
     let text = match reply {
         Value::Nil => return Ok(None),
+        // A sliding window read in both its layouts: their sum, as its numbers.
+        Value::Array(values) => {
+            let numbers = values
+                .iter()
+                .map(|value| match value {
+                    Value::Int(number) => u64::try_from(*number)
+                        .ok()
+                        .filter(|&number| u128::from(number) <= EXACT_BOUND)
+                        .ok_or_else(malformed),
+                    _ => Err(malformed()),
+                })
+                .collect::<Result<Vec<u64>, StoreError>>()?;
+            return state_from_numbers(algorithm, &numbers)
+                .map(Some)
+                .ok_or_else(malformed);
+        }
         Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
         Value::SimpleString(text) => text.as_str(),
         _ => return Err(malformed()),
@@ -173,6 +199,23 @@ pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, St
     state_from_numbers(algorithm, &numbers)
         .map(Some)
         .ok_or_else(malformed)
+}
+
+/// A sliding window's counts at `instant` as a lone hit written as counters answers them
+/// (lua/window_counters.lua, `decide_counted_window`): current + `WINDOW_COUNTS` × previous,
+/// in the window `instant` falls in.
+pub fn window_counts(params: &Params, instant: Micros, counts: i64) -> Result<State, StoreError> {
+    let counts = u64::try_from(counts)
+        .ok()
+        .filter(|&counts| counts < WINDOW_COUNTS * WINDOW_COUNTS)
+        .ok_or_else(|| StoreError::MalformedReply(format!("a sliding window answered {counts}")))?;
+    let tick = tick(params);
+    let window = (params.window / tick).max(1);
+    Ok(State::SlidingWindow(sliding_window::State {
+        window_start: instant / tick / window * window,
+        current: counts % WINDOW_COUNTS,
+        previous: counts / WINDOW_COUNTS,
+    }))
 }
 
 /// The integers of an array reply.
@@ -229,6 +272,25 @@ mod tests {
             state_from_numbers(Algorithm::SlidingLog { min_interval: 0 }, &[1, 2, 3]),
             None
         );
+    }
+
+    #[test]
+    fn a_sliding_window_s_counts_are_its_window_s_and_the_previous_one_s() {
+        let params = Params {
+            algorithm: Algorithm::SlidingWindow,
+            requests: 10,
+            window: 10_000_000,
+        };
+        // 25 s in: the window that started at 20 s, in µs ticks.
+        let counts = window_counts(&params, 25_000_000, 3 + 7 * WINDOW_COUNTS as i64).unwrap();
+        assert_eq!(
+            state_numbers(&counts),
+            [20_000_000, 3, 7],
+            "current + WINDOW_COUNTS × previous"
+        );
+        for malformed in [-1, (WINDOW_COUNTS * WINDOW_COUNTS) as i64] {
+            assert!(window_counts(&params, 0, malformed).is_err(), "{malformed}");
+        }
     }
 
     #[test]

@@ -33,6 +33,7 @@ fn call<'a>(op: Op<'a>, hits: &'a [Hit], node: Option<(&'a str, u16)>) -> Call<'
         complete: true,
         prefix: "",
         grace_ms: 110,
+        sliding_window: SlidingWindowLayout::Text,
     }
 }
 
@@ -141,4 +142,40 @@ fn a_count_reply_that_disagrees_with_the_rule_is_malformed() {
             .decode(&call, Value::Array(vec![Value::Int(0)]))
             .is_err()
     );
+}
+
+#[test]
+fn a_sliding_window_is_written_as_counters_only_when_asked_and_its_counts_fit() {
+    let small = [hit("a", Algorithm::SlidingWindow, 100)];
+    let large = [hit("a", Algorithm::SlidingWindow, numbers::WINDOW_COUNTS)];
+    let mut counting = call(
+        Op::Apply {
+            now: 5 * MICROS_PER_SECOND,
+        },
+        &small,
+        None,
+    );
+    counting.sliding_window = SlidingWindowLayout::Counters;
+    assert_eq!(counting.code(&small[0].params), 6);
+    assert_eq!(
+        counting.window_counter(&small[0]).as_deref(),
+        Some(format!("{}:5", small[0].key.as_str()).as_str()),
+        "its key with the number of the call's window"
+    );
+    counting.hits = &large;
+    assert_eq!(
+        counting.code(&large[0].params),
+        2,
+        "counts past 2^26 stay text"
+    );
+    assert_eq!(counting.window_counter(&large[0]), None);
+    let text = call(
+        Op::Apply {
+            now: 5 * MICROS_PER_SECOND,
+        },
+        &small,
+        None,
+    );
+    assert_eq!(text.code(&small[0].params), 2);
+    assert_eq!(text.window_counter(&small[0]), None);
 }

@@ -4,8 +4,9 @@
 -- before it left, and a vetoed call writes nothing but its refunds (role REFUND: the hits go
 -- back, answered allowed, never vetoing).
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once; a
---           fixed window aligned on the epoch with its window's number appended); none for
---           the cross-slot twin, whose counters follow ARGV[1].
+--           fixed window aligned on the epoch with its window's number appended), then the
+--           window's counter of each sliding window written as counters (window_counters.lua);
+--           none for the cross-slot twin, whose counters follow ARGV[1].
 -- ARGV[1]   packed: now (µs), 1 with --count-denied else 0, 1 when these are all the hits of
 --           the request else 0 (only an enforced denial vetoes a part: the caller refunds
 --           when the whole request turns out vetoed), grace (ms), n; then 9 per hit:
@@ -68,10 +69,11 @@ local function record(out, i, allowed, remaining, reset_after, retry_after, stat
   out[base + 6] = (state and state[2]) or -1
 end
 
--- The last hit on each counter writes the state `left` by it, with the expiry of the last
--- hit that changed it (`expires`, µs from now; a counter none changed is not written); every
--- hit reports its counter's state after the call.
-local function write_counters(keys, h, n, left, expires, grace, out)
+-- The last hit on each counter writes the state `left` by it over what read_counter found
+-- (`parts`, by the counter's first hit), with the expiry of the last hit that changed it
+-- (`expires`, µs from now; a counter none changed is not written); every hit reports its
+-- counter's state after the call.
+local function write_counters(keys, h, n, parts, left, expires, grace, out)
   local first_of, last_of, write_expiry = {}, {}, {}
   for i = 1, n do
     local earlier = h[PER_APPLY * (i - 1) + 9]
@@ -88,7 +90,7 @@ local function write_counters(keys, h, n, left, expires, grace, out)
     local first = first_of[i]
     local final = left[last_of[first]]
     if last_of[first] == i and write_expiry[first] then
-      redis_call('SET', keys[i], encode_state(final), 'PX', ttl_ms(write_expiry[first], grace))
+      write_counter(keys[i], parts[first], final, ttl_ms(write_expiry[first], grace))
     end
     local base = 1 + (i - 1) * 6
     out[base + 5], out[base + 6] = (final and final[1]) or -1, (final and final[2]) or -1
@@ -104,10 +106,14 @@ local function apply(keys, argv)
     return malformed('call')
   end
   local now, charge_flag, complete_flag, grace, n = unpack_numbers('<i8i8i8i8i8', packed)
-  if #packed ~= 8 * (5 + PER_APPLY * n) or #keys ~= n then
+  if #packed ~= 8 * (5 + PER_APPLY * n) then
     return malformed('call')
   end
   local h = numbers(packed, 41, PER_APPLY * n)
+  local counters_at, declared = window_counters_at(h, n, PER_APPLY)
+  if #keys ~= declared then
+    return malformed('call')
+  end
   local charge = charge_flag == 1
   for i = 1, n do
     local at = PER_APPLY * (i - 1)
@@ -117,7 +123,7 @@ local function apply(keys, argv)
   end
   -- Per hit: the state its counter was found in, the state it leaves it in, when that may be
   -- forgotten (µs from now; nil: it wrote nothing), and the outcome.
-  local found, left, expires, allowed = {}, {}, {}, {}
+  local found, parts, left, expires, allowed = {}, {}, {}, {}, {}
   local out = { 0 }
   local denied = false
   for i = 1, n do
@@ -126,7 +132,9 @@ local function apply(keys, argv)
     if earlier > 0 then
       found[i], before = found[earlier], left[earlier]
     else
-      found[i] = read_state(keys[i])
+      local tick = h[at + 4]
+      found[i], parts[i] =
+        read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(now, tick), max(idiv(h[at + 3], tick), 1))
       before = found[i]
     end
     local new_state, ok, remaining, reset_after, retry_after
@@ -168,11 +176,11 @@ local function apply(keys, argv)
         record(out, i, ok, remaining, reset_after, retry_after, nil)
       end
     end
-    write_counters(keys, h, n, kept, refunded, grace, out)
+    write_counters(keys, h, n, parts, kept, refunded, grace, out)
     return out
   end
 
-  write_counters(keys, h, n, left, expires, grace, out)
+  write_counters(keys, h, n, parts, left, expires, grace, out)
   out[1] = 1
   return out
 end

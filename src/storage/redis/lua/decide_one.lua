@@ -5,10 +5,13 @@
 -- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
 -- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
 -- nothing unless counted, whether or not it vetoes.
--- KEYS[1]   the counter.
+-- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
+--           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
 --           hits, 1 with --count-denied else 0, tick (µs), grace (ms).
--- Returns   the counter's state as found (nil: none).
+-- Returns   the counter's state as found (nil: none): as stored; a sliding window read in
+--           both its layouts, their sum as its numbers, or written as counters, its counts
+--           (window_counters.lua, decide_counted_window).
 local DECIDE_ONE = '<i8i8i8i8i8i8i8i8i8'
 
 local function decide_one(keys, argv)
@@ -25,7 +28,13 @@ local function decide_one(keys, argv)
   if algorithm == nil or window < 1 or tick < 1 then
     return malformed('hit 1')
   end
+  if code == SLIDING_COUNTERS then
+    return decide_counted_window(keys, now, limit, window, amount, charge, tick, grace)
+  end
   local raw = redis_call('GET', keys[1])
+  if raw == MARKER then
+    return decide_window(keys[1], nil, now, limit, window, amount, charge, tick, grace)
+  end
   local state = nil
   if raw then
     state = parse_state(raw)

@@ -5,7 +5,7 @@
 -- numbers the consuming call left takes its refund only if it still holds them (compare and
 -- set); one sent without takes it whatever happened since. A refund never creates a counter
 -- and keeps its expiry.
--- KEYS      the counter of each hit (all in one slot), as for Apply.
+-- KEYS      the counter of each hit (all in one slot), then window counters, as for Apply.
 -- ARGV[1]   packed: the instant the consuming call decided at (µs), n; then 10 per hit:
 --           algorithm code, requests, window (µs), tick (µs), parameter (ticks), hits to give
 --           back, the number of the hit before it on the same counter (0: none), 1 when the
@@ -22,10 +22,14 @@ local function give_back(keys, argv)
     return malformed('call')
   end
   local at_us, n = unpack_numbers('<i8i8', packed)
-  if #packed ~= 8 * (2 + PER_GIVE_BACK * n) or #keys ~= n then
+  if #packed ~= 8 * (2 + PER_GIVE_BACK * n) then
     return malformed('call')
   end
   local h = numbers(packed, 17, PER_GIVE_BACK * n)
+  local counters_at, declared = window_counters_at(h, n, PER_GIVE_BACK)
+  if #keys ~= declared then
+    return malformed('call')
+  end
   local totals, first_of = {}, {}
   for i = 1, n do
     local at = PER_GIVE_BACK * (i - 1)
@@ -44,14 +48,14 @@ local function give_back(keys, argv)
   for i = 1, n do
     if first_of[i] == i then
       local at = PER_GIVE_BACK * (i - 1)
-      local state = read_state(keys[i])
+      local tick = h[at + 4]
+      local window = max(idiv(h[at + 3], tick), 1)
+      local state, found = read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(at_us, tick), window)
       local required = h[at + 8] == 1
       local unchanged = state and state[1] == h[at + 9] and state[2] == h[at + 10]
       if state and totals[i] > 0 and (not required or unchanged) then
-        local tick = h[at + 4]
-        local window = max(idiv(h[at + 3], tick), 1)
         ALGORITHMS[h[at + 1]].give_back(state, idiv(at_us, tick), h[at + 2], window, h[at + 5], totals[i])
-        redis_call('SET', keys[i], encode_state(state), 'KEEPTTL')
+        write_counter(keys[i], found, state, nil)
       end
       states[i] = state
     end

@@ -338,6 +338,24 @@ async fn an_earlier_build_that_meets_a_limit_written_as_counters_fails_rather_th
     )
     .await;
     assert!(earlier.is_err(), "the earlier build answered {earlier:?}");
+    // Its give-back fails too, having rewritten the marker empty: still the marker.
+    let expected = [None];
+    let give_back = Call {
+        op: Op::GiveBack {
+            at: START,
+            expected: &expected,
+        },
+        complete: false,
+        ..call(START, SlidingWindowLayout::Text)
+    };
+    let earlier = by_earlier_build(&mut connection, &give_back).await;
+    assert!(earlier.is_err(), "the earlier build answered {earlier:?}");
+    let text: String = redis::cmd("GET")
+        .arg(hit[0].key.as_str())
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(text, "", "what the earlier build's give-back left");
     // This build, writing text, finds the marker and counts the limit's counters: full.
     let reply = call_on(
         &mut connection,

@@ -1,7 +1,9 @@
-//! A sliding window written in the counters layout (`SlidingWindowLayout::Counters`) at its
-//! edges: a hit decided late, in a window whose successor has begun, finds the window's
-//! counter closed and counts in the next window, as the Rust algorithm decides on a state of
-//! a later window; alone in its call (DecideOne) or beside another counter (Apply).
+//! A sliding window written in the counters layout (`SlidingWindowLayout::Counters`): at its
+//! edges, a hit decided late, in a window whose successor has begun, finds the window's
+//! counter closed (or none, and the next one's) and counts in the next window, as the Rust
+//! algorithm decides on a state of a later window, alone in its call (DecideOne) or beside
+//! another counter (Apply); a reset forgets it whichever layout wrote it; a limit raised past
+//! what a counter holds fails rather than count past it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,10 +12,13 @@ use crate::common;
 use common::redis_process::RedisServer;
 use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Charge, Params, State};
-use tollgate::clock::{MICROS_PER_SECOND, Micros};
+use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
+use tollgate::storage::options::{LeaseMode, StoreOptions};
+use tollgate::storage::redis::call::numbers::WINDOW_COUNTS;
 use tollgate::storage::redis::call::{Call, Layout, Op, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
+use tollgate::storage::{CounterReset, CounterStore};
 use tollgate::storage::{Hit, Role};
 
 const SECOND: Micros = MICROS_PER_SECOND;
@@ -109,4 +114,96 @@ async fn a_hit_decided_late_counts_in_the_window_begun_after_it() {
             "{name}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_reset_forgets_a_sliding_window_whichever_layout_wrote_it() {
+    let server = RedisServer::start();
+    let clock = ManualClock::at_seconds(WINDOW / SECOND + 30);
+    let store = |layout| {
+        let options = StoreOptions {
+            redis_sliding_window_layout: layout,
+            ..crate::leases::options(&clock, LeaseMode::Off)
+        };
+        crate::leases::redis(&server, &options)
+    };
+    let (counting, text) = (
+        store(SlidingWindowLayout::Counters),
+        store(SlidingWindowLayout::Text),
+    );
+    crate::leases::ready(&counting).await;
+    crate::leases::ready(&text).await;
+    let params = Params {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 2,
+        window: 60 * SECOND,
+    };
+    let limited = [hit("reset", params, 0)];
+    let allowed = |outcomes: Vec<algorithm::Outcome>| outcomes[0].allowed;
+    assert!(allowed(counting.apply(&limited).await.unwrap()));
+    assert!(allowed(text.apply(&limited).await.unwrap()));
+    assert!(!allowed(counting.apply(&limited).await.unwrap()), "full");
+    // A replica writing text resets what the counters hold too.
+    text.forget(&limited).await.unwrap();
+    assert!(
+        allowed(counting.apply(&limited).await.unwrap()),
+        "forgotten"
+    );
+    assert!(allowed(text.apply(&limited).await.unwrap()));
+    assert!(!allowed(text.apply(&limited).await.unwrap()), "full again");
+}
+
+#[tokio::test]
+async fn a_limit_raised_past_what_a_counter_holds_fails_while_counted() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let params = |requests| Params {
+        algorithm: Algorithm::SlidingWindow,
+        requests,
+        window: SECOND,
+    };
+    let call = |now, hits: &'static [Hit], sliding_window| Call {
+        op: Op::Apply { now },
+        hits,
+        node: None,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms: 3_600_000,
+        sliding_window,
+    };
+    let small: &'static [Hit] = Vec::leak(vec![hit("raised", params(100), 0)]);
+    let large: &'static [Hit] = Vec::leak(vec![hit("raised", params(WINDOW_COUNTS), 0)]);
+    assert_eq!(small[0].key, large[0].key, "one limit, raised");
+    call_on(
+        &mut connection,
+        &call(WINDOW, small, SlidingWindowLayout::Counters),
+    )
+    .await
+    .unwrap();
+    let raised = call_on(
+        &mut connection,
+        &call(WINDOW + 1, large, SlidingWindowLayout::Counters),
+    )
+    .await;
+    assert!(raised.is_err(), "{raised:?}");
+    // Once its counters are gone, the larger limit counts as text.
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let text = call_on(
+        &mut connection,
+        &call(WINDOW + 2, large, SlidingWindowLayout::Counters),
+    )
+    .await
+    .unwrap();
+    assert!(text.outcomes[0].allowed);
+    let stored: String = redis::cmd("GET")
+        .arg(large[0].key.as_str())
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert_eq!(stored.split(' ').count(), 3, "text: {stored}");
 }

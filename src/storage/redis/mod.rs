@@ -207,7 +207,8 @@ impl CounterStore for RedisStore {
 #[tonic::async_trait]
 impl CounterReset for RedisStore {
     /// One DEL per counter, all at once (on a cluster each is routed by its key), within the
-    /// store timeout. A counter of one integer per window is forgotten for the current window.
+    /// store timeout. A counter of one integer per window is forgotten for the current window;
+    /// a sliding window in both its layouts.
     async fn forget(&self, hits: &[Hit]) -> Result<(), StoreError> {
         let connection = self.pool.connection()?;
         let now = self.now()?;
@@ -215,9 +216,11 @@ impl CounterReset for RedisStore {
         let deletes = hits.iter().map(|hit| {
             let call = self.call(Op::Apply { now }, std::slice::from_ref(hit), None, true);
             // A leased counter's tally goes with it: what was leased before is not given back.
+            // A sliding window's counters go too, whichever layout wrote them.
             let command = redis::cmd("DEL")
                 .arg(call.key(hit))
                 .arg(call.tally_key(hit))
+                .arg(call.window_counters_around(hit))
                 .to_owned();
             async move { connection.query::<i64>(&command).await }
         });

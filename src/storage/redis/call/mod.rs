@@ -220,6 +220,20 @@ impl Call<'_> {
         Some(format!("{}{}:{number}", self.prefix, hit.key.as_str()))
     }
 
+    /// A sliding window's counters of the windows before, of and after the call's instant,
+    /// whichever layout its replicas write (empty for other algorithms): what a reset deletes
+    /// beside its key.
+    pub fn window_counters_around(&self, hit: &Hit) -> Vec<String> {
+        if hit.params.algorithm != Algorithm::SlidingWindow {
+            return Vec::new();
+        }
+        let number = window_number(&hit.params, self.instant());
+        let key = [self.prefix, hit.key.as_str()].concat();
+        [number.saturating_sub(1), number, number + 1]
+            .map(|number| format!("{key}:{number}"))
+            .to_vec()
+    }
+
     /// A hit's key in Redis: the prefix, the counter's key, and for a counter of one integer
     /// per window the number of the window the call's instant falls in.
     pub fn key(&self, hit: &Hit) -> String {

@@ -134,7 +134,7 @@ local function apply(keys, argv)
     else
       local tick = h[at + 4]
       found[i], parts[i] =
-        read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(now, tick), max(idiv(h[at + 3], tick), 1))
+        read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(now, tick), max(idiv(h[at + 3], tick), 1), h[at + 2])
       before = found[i]
     end
     local new_state, ok, remaining, reset_after, retry_after

@@ -29,10 +29,13 @@ local function decide_one(keys, argv)
     return malformed('hit 1')
   end
   if code == SLIDING_COUNTERS then
+    if keys[2] == nil then
+      return malformed('hit 1')
+    end
     return decide_counted_window(keys, now, limit, window, amount, charge, tick, grace)
   end
   local raw = redis_call('GET', keys[1])
-  if raw == MARKER then
+  if code == SLIDING_TEXT and is_marker(raw) then
     return decide_window(keys[1], nil, now, limit, window, amount, charge, tick, grace)
   end
   local state = nil

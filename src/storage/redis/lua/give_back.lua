@@ -50,7 +50,7 @@ local function give_back(keys, argv)
       local at = PER_GIVE_BACK * (i - 1)
       local tick = h[at + 4]
       local window = max(idiv(h[at + 3], tick), 1)
-      local state, found = read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(at_us, tick), window)
+      local state, found = read_counter(keys[i], h[at + 1], keys[counters_at[i]], idiv(at_us, tick), window, h[at + 2])
       local required = h[at + 8] == 1
       local unchanged = state and state[1] == h[at + 9] and state[2] == h[at + 10]
       if state and totals[i] > 0 and (not required or unchanged) then

@@ -33,6 +33,12 @@ local PACK = 67108864
 local CLOSED = 4503599627370496
 local MARKER = 'counters'
 
+-- Whether a sliding window's text is the marker. An earlier build's give-back on a marked
+-- limit rewrites it empty before its call fails; that is the marker too.
+local function is_marker(text)
+  return text == MARKER or text == ''
+end
+
 -- A counter's value as its current count, its previous count and whether it is closed.
 local function unpack_counter(value)
   local closed = value >= CLOSED
@@ -64,7 +70,14 @@ end
 -- under `counter` (nil: named here; `missing`: known not to exist), both layouts read: the
 -- state a decision sees (nil: nothing stored) and what a write needs to know of where it came
 -- from.
-local function read_window(key, counter, now, window, missing)
+local function read_window(key, counter, now, window, limit, missing)
+  if limit >= PACK then
+    -- Counts past PACK do not fit a counter. Such a limit is written as text (src/storage/
+    -- redis/call/mod.rs, Call::code) unless it was raised while its hits were counted: its
+    -- calls fail until its counters and marker expire, two windows after its last counted
+    -- hit, rather than count past what a counter holds.
+    error({ err = 'ERR tollgate: a sliding window limit of 2^26 or more cannot count in its counters; they expire within two windows' })
+  end
   local number = idiv(now, window)
   counter = counter or counter_name(key, number)
   local text, value
@@ -74,7 +87,7 @@ local function read_window(key, counter, now, window, missing)
     local got = redis_call('MGET', key, counter)
     text, value = got[1], got[2]
   end
-  local found = { counter = counter, marked = text == MARKER }
+  local found = { counter = counter, marked = is_marker(text) }
   local state = text and not found.marked and parse_state(text)
   local current, previous, closed, before = 0, 0, true, false
   while closed do
@@ -94,17 +107,19 @@ local function read_window(key, counter, now, window, missing)
       if around[2] then
         number, found.counter, value = number + 1, after_name, around[2]
       else
-        found.before, before, closed = before_name, around[1], false
+        -- (A closed counter whose successor is gone, expired or deleted, counts no more.)
+        found.before, before, closed, current = before_name, around[1], false, 0
         if before then
-          previous = unpack_counter(to_number(before))
+          local count, _, before_closed = unpack_counter(to_number(before))
+          previous, found.open_before = count, not before_closed
         end
       end
     end
   end
-  found.exists, found.before_exists = value ~= false, before ~= false
+  found.exists = value ~= false
   if state and state[1] > number * window then
     -- Text of a later window (a replica's clock far ahead): that window's.
-    return read_window(key, nil, state[1], window)
+    return read_window(key, nil, state[1], window, limit)
   end
   local start = number * window
   found.stated_current, found.stated_previous = stated_counts(state, start, window)
@@ -144,7 +159,7 @@ local function write_window(key, found, after, ttl)
     -- counter move in, that counter (if any) is closed, the text marked.
     local total = min(current + stated_current, PACK - 1) + PACK * min(previous + stated_previous, PACK - 1)
     redis_call('SET', found.counter, total, 'PX', ttl)
-    if found.before_exists then
+    if found.open_before then
       redis_call('INCRBY', found.before, CLOSED)
     end
     redis_call('SET', key, MARKER, 'PX', ttl)
@@ -166,13 +181,13 @@ end
 -- counters: its window's counter under `counter`): its state (nil or false: none), what a
 -- write needs of it (nil: the state as text is all), and that text. A sliding window written
 -- as text is read as text unless marked.
-local function read_counter(key, code, counter, now, window)
+local function read_counter(key, code, counter, now, window, limit)
   if code == SLIDING_COUNTERS then
-    return read_window(key, counter, now, window)
+    return read_window(key, counter, now, window, limit)
   end
   local raw = redis_call('GET', key)
-  if raw == MARKER and code == SLIDING_TEXT then
-    return read_window(key, nil, now, window)
+  if code == SLIDING_TEXT and is_marker(raw) then
+    return read_window(key, nil, now, window, limit)
   end
   return raw and parse_state(raw), nil, raw
 end
@@ -192,7 +207,7 @@ end
 -- now's window under `counter` (nil: named here; `missing`: known not to exist): the state
 -- found, the layouts' sum.
 local function decide_window(key, counter, now, limit, window, amount, charge, tick, grace, missing)
-  local state, found = read_window(key, counter, now, window, missing)
+  local state, found = read_window(key, counter, now, window, limit, missing)
   local new_state, _, _, reset_after =
     sliding_window.decide(state, now, limit, window, 0, amount, charge == 1)
   if new_state then

@@ -71,6 +71,20 @@ async fn by_earlier_build(
     command.query_async(connection).await
 }
 
+/// A Redis with the earlier build's library loaded (this build's loads at its first call).
+async fn with_earlier_library() -> (RedisServer, redis::aio::MultiplexedConnection) {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(EARLIER_LIBRARY)
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    (server, connection)
+}
+
 struct Upgrade {
     rng: Rng,
     params: Params,
@@ -230,15 +244,7 @@ impl Upgrade {
 
 #[tokio::test]
 async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_exactly() {
-    let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(EARLIER_LIBRARY)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let (_server, mut connection) = with_earlier_library().await;
     let params = Params {
         algorithm: Algorithm::SlidingWindow,
         requests: 7,
@@ -294,15 +300,7 @@ async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_ex
 /// decide without the hits counted there.
 #[tokio::test]
 async fn an_earlier_build_that_meets_a_limit_written_as_counters_fails_rather_than_miss_its_hits() {
-    let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(EARLIER_LIBRARY)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let (_server, mut connection) = with_earlier_library().await;
     let params = Params {
         algorithm: Algorithm::SlidingWindow,
         requests: 2,

@@ -216,8 +216,7 @@ impl Call<'_> {
         if self.code(&hit.params) != numbers::SLIDING_WINDOW_COUNTERS {
             return None;
         }
-        let number = window_number(&hit.params, self.instant());
-        Some(format!("{}{}:{number}", self.prefix, hit.key.as_str()))
+        Some(self.window_key(hit, window_number(&hit.params, self.instant())))
     }
 
     /// A sliding window's counters of the windows before, of and after the call's instant,
@@ -228,22 +227,25 @@ impl Call<'_> {
             return Vec::new();
         }
         let number = window_number(&hit.params, self.instant());
-        let key = [self.prefix, hit.key.as_str()].concat();
         [number.saturating_sub(1), number, number + 1]
-            .map(|number| format!("{key}:{number}"))
+            .map(|number| self.window_key(hit, number))
             .to_vec()
     }
 
     /// A hit's key in Redis: the prefix, the counter's key, and for a counter of one integer
     /// per window the number of the window the call's instant falls in.
     pub fn key(&self, hit: &Hit) -> String {
-        let key = hit.key.as_str();
         if is_counter(&hit.params) {
-            let window = window_number(&hit.params, self.instant());
-            format!("{}{key}:{window}", self.prefix)
+            self.window_key(hit, window_number(&hit.params, self.instant()))
         } else {
-            [self.prefix, key].concat()
+            [self.prefix, hit.key.as_str()].concat()
         }
+    }
+
+    /// The key of one window's integer (a fixed window's count, a sliding window's counts):
+    /// the prefix, the counter's key and the window's number.
+    fn window_key(&self, hit: &Hit, number: u64) -> String {
+        format!("{}{}:{number}", self.prefix, hit.key.as_str())
     }
 
     /// The lease tally of a hit's counter (`lease.rs`): its key in Redis with `:leases`

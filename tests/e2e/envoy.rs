@@ -96,3 +96,107 @@ async fn through_envoy_on_two_replicas_sharing_a_redis_cluster() {
     })
     .await;
 }
+
+/// One of Envoy's cluster statistics (`cluster.tollgate.<name>`), from its admin listener;
+/// `None` while Envoy has not created it (the counters by response code start at a first
+/// such response).
+async fn envoy_cluster_stat(admin: u16, name: &str) -> Option<u64> {
+    let path = format!("/stats?filter=^cluster\\.tollgate\\.{name}$");
+    let text = get(loopback(admin), &path, &[]).await.body;
+    let wanted = format!("cluster.tollgate.{name}: ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&wanted)?.trim().parse().ok())
+}
+
+/// A gauge Envoy always has.
+async fn envoy_cluster_gauge(admin: u16, name: &str) -> u64 {
+    envoy_cluster_stat(admin, name)
+        .await
+        .unwrap_or_else(|| panic!("Envoy has no cluster.tollgate.{name}"))
+}
+
+/// With its cluster's `max_concurrent_streams` at tollgate's `--grpc-max-streams`, as the
+/// deploy files set it, Envoy opens another connection when its connections are full, and
+/// no call is refused. Without it, Envoy puts its waiting calls on a new connection before it
+/// has read tollgate's limit, the excess is refused (REFUSED_STREAM), and Envoy's rate-limit
+/// client does not retry them: this test then fails with the refused calls counted as 5xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_opens_another_connection_at_tollgate_s_stream_limit() {
+    let redis = common::redis_process::RedisServer::start();
+    let config = Path::new("deploy/config");
+    let grpc = free_port();
+    let ports = ports([grpc, grpc]);
+    let dir = tempfile::tempdir().unwrap();
+    let store = redis.url();
+    let flags = [
+        "--store",
+        store.as_str(),
+        "--store-timeout",
+        "10s",
+        "--grpc-max-streams",
+        "2",
+    ];
+    let replica = Replica::spawn_on(config, grpc, &flags);
+    replica.wait_ready().await;
+    // Calls held by a stopped Redis must not reach Envoy's timeout.
+    let _envoy = start_envoy_edited(&ports, dir.path(), None, |text| {
+        let limit = "max_concurrent_streams: 256";
+        assert!(
+            text.contains(limit),
+            "deploy/envoy/envoy.yaml's stream limit"
+        );
+        text.replace("timeout: 0.25s", "timeout: 10s")
+            .replace(limit, "max_concurrent_streams: 2")
+    })
+    .await;
+    away_from_the_hour_boundary().await;
+    assert_eq!(statuses(ports.fail_closed, "/api", "warm", 1).await, [200]);
+
+    // Eight calls held in tollgate at once, at two per connection.
+    redis.pause();
+    let calls: Vec<_> = (0..8)
+        .map(|n| {
+            let port = ports.fail_closed;
+            tokio::spawn(async move { api(port, "/api", &format!("held-{n}")).await })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let open = envoy_cluster_gauge(ports.admin, "upstream_rq_active").await;
+        let refused = envoy_cluster_stat(ports.admin, "upstream_rq_5xx")
+            .await
+            .unwrap_or(0);
+        assert_eq!(refused, 0, "calls tollgate refused ({open} open)");
+        if open == 8 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Envoy never had 8 calls open at tollgate: {open} open, {} pending in Envoy",
+            envoy_cluster_gauge(ports.admin, "upstream_rq_pending_active").await,
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let envoy_connections = envoy_cluster_gauge(ports.admin, "upstream_cx_active").await;
+    let tollgate_connections = common::rlqs::metric(
+        replica.http_addr(),
+        "tollgate_connections",
+        "listener=\"grpc\"",
+    )
+    .await;
+    redis.resume();
+
+    for call in calls {
+        let answer = call.await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.header("x-ratelimit-remaining"), Some("2"));
+    }
+    assert!(
+        envoy_connections >= 4,
+        "8 calls at 2 streams a connection need 4 connections, Envoy had {envoy_connections}"
+    );
+    assert!(
+        tollgate_connections >= 4.0,
+        "tollgate counted {tollgate_connections} gRPC connections"
+    );
+}

@@ -448,6 +448,21 @@ async fn every_layout_answers_what_the_request_rule_answers() {
             *used.entry(layout).or_default() += count;
         }
     }
+    // Everything the calls wrote expires: counters a call created and then took back too.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    assert!(keys.len() > 100, "{} keys", keys.len());
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} expires in {ttl} ms");
+    }
     // The lease layouts decide no hit: tests/redis/leases.rs holds them to their answers.
     let deciding = Layout::ALL.into_iter().filter(|layout| layout.decides());
     for layout in deciding {
@@ -460,5 +475,51 @@ async fn every_layout_answers_what_the_request_rule_answers() {
                 );
             }
         }
+    }
+}
+
+/// A counter that holds something other than a count (written by something else) fails the
+/// call, and the call leaves every counter as it was: the counters it added to before
+/// meeting that one are taken back.
+#[tokio::test]
+async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_nothing() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let sequence = Sequence {
+        rng: Rng(1),
+        name: "not-a-count".to_owned(),
+        counters: counters(),
+        charge: Charge::IfAllowed,
+        parts_and_refunds: false,
+    };
+    let hits = [
+        sequence.hit(0, 0, 1, Role::Enforced),
+        sequence.hit(1, 1, 1, Role::Enforced),
+    ];
+    for cross_slot in [false, true] {
+        let call = Call {
+            op: Op::Apply { now: START },
+            hits: &hits,
+            node: cross_slot.then_some(("127.0.0.1", 1)),
+            charge: Charge::IfAllowed,
+            complete: true,
+            prefix: "",
+            grace_ms: 3_600_000,
+            sliding_window: SlidingWindowLayout::Text,
+        };
+        assert_eq!(Layout::of(&call), Layout::Count);
+        let (first, second) = (call.key(&hits[0]), call.key(&hits[1]));
+        server.query(&["SET", &first, "2", "PX", "60000"]);
+        server.query(&["SET", &second, "two"]);
+        let error = call_on(&mut connection, &call).await.unwrap_err();
+        assert!(
+            error.to_string().contains("malformed counter 2"),
+            "{error}"
+        );
+        assert_eq!(server.query(&["GET", &first]), "2");
+        assert_eq!(server.query(&["GET", &second]), "two");
+        let ttl: i64 = server.query(&["PTTL", &first]).parse().unwrap();
+        assert!((1..=60_000).contains(&ttl), "{ttl}");
     }
 }

@@ -1,8 +1,11 @@
 -- Layout Count (src/storage/redis/call/count.rs): hits on fixed windows aligned on the epoch
--- only, any number, a counter possibly named twice. Every counter is read before any is
--- written (one MGET, or one GET each across slots), the request rule (rule.lua) applied, and
--- each changed counter written once, by INCRBY of what the call added (created with its
--- expiry): a call that commits nothing writes nothing.
+-- only, any number, a counter possibly named twice. The usual call (distinct counters, every
+-- hit counting the same, more than 0) is written first: INCRBY on each counter in turn, whose
+-- replies decide it; at the first counter over its limit (or that is not a count) what was
+-- added is taken back, and the call is decided as below. Otherwise every counter is read
+-- before any is written (one MGET, or one GET each across slots), the request rule (rule.lua)
+-- applied, and each changed counter written once, by INCRBY of what the call added (created
+-- with its expiry): a call that commits nothing leaves every counter as it found it.
 -- KEYS      the counters, with their windows' numbers appended (all in one slot); none for
 --           the cross-slot twin, whose counters follow ARGV[2].
 -- ARGV[1]   packed (prelude.lua's `numbers`): 1 with --count-denied else 0, 1 when these are
@@ -13,13 +16,13 @@
 --           the same counter (else 0: this hit writes the counter).
 -- ARGV[2]   the hits every hit counts, as text, when they all count the same (the usual
 --           case: INCRBY takes it as is), else "".
--- Returns   per hit, the count its counter held before the call (MGET's own table, each
+-- Returns   per hit, the count its counter held before the call (INCRBY's or MGET's, each
 --           count a number in place: per counter, a table store and a reply element are a
 --           fair part of what this call costs Redis), then committed (1|0).
--- Cost      the usual call (distinct counters, all there, nothing denied, denied hits not
---           counted) builds no table beyond its numbers and MGET's, and does nothing per
---           counter but read it and INCRBY it: each step more per counter costs Redis a
---           measurable share of the call (docs/performance.md).
+-- Cost      the usual call, nothing denied, does nothing per counter but INCRBY it (and
+--           PEXPIRE it when new): reading every counter first cost Redis a quarter of the
+--           call. A call denied at its k-th counter pays 2k commands more than reading first
+--           (docs/performance.md).
 
 -- Reads every hit's counter into `found` (a number in place); which counters are new; once a
 -- hit is denied, which hits were allowed (nil: all). With counters named twice, each hit sees
@@ -76,6 +79,46 @@ local function added_by(h, at, i, found, allowed, chain, repeats, charge)
   return final - found[i]
 end
 
+-- Takes back what `count_at_once` added to the first `last` counters: a counter that held
+-- nothing is deleted (it may have held 0 with an expiry, which reads as nothing too).
+local function take_back(keys, counts, last, by)
+  for i = 1, last do
+    if counts[i] == 0 then
+      redis_call('DEL', keys[i])
+    else
+      redis_call('DECRBY', keys[i], by)
+    end
+  end
+end
+
+-- The usual call (distinct counters, each hit counting `amount` > 0), decided from INCRBY's
+-- replies instead of a read first: every counter is added to in turn, and the call is over
+-- when every hit fits (with --count-denied, when no counter passes MAX_COUNT). Otherwise, at
+-- the first that does not, or that cannot be added to, what was added is taken back and nil
+-- returned, so that the call is decided as if this had not run.
+local function count_at_once(keys, h, n, stride, by, amount, charge)
+  local counts = {}
+  for i = 1, n do
+    local after = redis_pcall('INCRBY', keys[i], by)
+    if type(after) ~= 'number' then
+      take_back(keys, counts, i - 1, by)
+      return nil
+    end
+    counts[i] = after - amount
+    if after > (charge and MAX_COUNT or h[stride * i - stride + 1]) then
+      take_back(keys, counts, i, by)
+      return nil
+    end
+  end
+  for i = 1, n do
+    if counts[i] == 0 then
+      redis_call('PEXPIRE', keys[i], h[stride * i - stride + 3])
+    end
+  end
+  counts[n + 1] = 1
+  return counts
+end
+
 local function count(keys, argv, declared)
   if fmod == nil then
     bind_globals()
@@ -94,6 +137,16 @@ local function count(keys, argv, declared)
     return malformed('call')
   end
   local h = numbers(packed, 33, stride * n)
+  local amount_text = argv[2]
+  if not repeats and amount_text ~= '' then
+    local amount = to_number(amount_text)
+    if amount and amount > 0 then
+      local counts = count_at_once(keys, h, n, stride, amount_text, amount, charge)
+      if counts then
+        return counts
+      end
+    end
+  end
   local found
   if declared then
     found = redis_call('MGET', unpack(keys))
@@ -111,7 +164,6 @@ local function count(keys, argv, declared)
     found[n + 1] = 0
     return found
   end
-  local amount_text = argv[2]
   for i = 1, n do
     local at = stride * i - stride
     if not (repeats and h[at + 7] == 1) then

@@ -31,10 +31,11 @@ local MAX_COUNT = 4503599627370496
 -- more than the arithmetic around it. A library cannot read globals other than `redis` while
 -- it loads, so each layout binds them on its first call.
 local max, min, fmod, unpack_numbers, string_match, to_number, string_format, redis_call
+local redis_pcall
 local function bind_globals()
   max, min, fmod, unpack_numbers = math.max, math.min, math.fmod, struct.unpack
   string_match, to_number, string_format = string.match, tonumber, string.format
-  redis_call = redis.call
+  redis_call, redis_pcall = redis.call, redis.pcall
 end
 
 -- The numbers of a call come packed into one argument (src/storage/redis/call/numbers.rs),

@@ -523,3 +523,56 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
         assert!((1..=60_000).contains(&ttl), "{ttl}");
     }
 }
+
+/// A lone hit on a window anchored on its first hit sets the counter's expiry when its window
+/// starts (the window, then the grace) and keeps it within the window: the window's end does
+/// not move.
+#[tokio::test]
+async fn a_first_hit_window_s_expiry_is_set_when_its_window_starts_and_kept_within_it() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let sequence = Sequence {
+        rng: Rng(1),
+        name: "first-hit-expiry".to_owned(),
+        counters: counters(),
+        charge: Charge::IfAllowed,
+        parts_and_refunds: false,
+    };
+    // Counter 2: 4 hits in 10 s from the first.
+    let hits = [sequence.hit(2, 0, 1, Role::Enforced)];
+    let call_at = |now| Call {
+        op: Op::Apply { now },
+        hits: &hits,
+        node: None,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms: 60_000,
+        sliding_window: SlidingWindowLayout::Text,
+    };
+    let key = call_at(START).key(&hits[0]);
+    let count = || server.query(&["GET", &key]).split(' ').nth(1).unwrap().to_owned();
+    let ttl = || server.query(&["PTTL", &key]).parse::<i64>().unwrap();
+
+    let first = call_at(START);
+    assert_eq!(Layout::of(&first), Layout::DecideOne);
+    call_on(&mut connection, &first).await.unwrap();
+    assert_eq!(count(), "1");
+    assert!((69_000..=70_000).contains(&ttl()), "{}", ttl());
+
+    // Within the window the expiry is left where it is (set further out here, to see it).
+    server.query(&["PEXPIRE", &key, "600000"]);
+    call_on(&mut connection, &call_at(START + 5 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(count(), "2");
+    assert!((590_000..=600_000).contains(&ttl()), "{}", ttl());
+
+    // A new window: the expiry is its own.
+    call_on(&mut connection, &call_at(START + 12 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(count(), "1");
+    assert!((69_000..=70_000).contains(&ttl()), "{}", ttl());
+}

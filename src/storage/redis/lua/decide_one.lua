@@ -4,7 +4,9 @@
 -- the hit consumed written, and the state found answered: tollgate works out the outcome from
 -- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
 -- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
--- nothing unless counted, whether or not it vetoes.
+-- nothing unless counted, whether or not it vetoes. A window anchored on its first hit is
+-- decided by its own written-out form, which keeps the counter's expiry within a window
+-- (fixed_window.lua, decide_first_hit_window).
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
@@ -38,6 +40,10 @@ local function decide_one(keys, argv)
   -- is_marker, written out: a call costs Redis more than the comparisons, on every lone hit.
   if code == SLIDING_TEXT and (raw == MARKER or raw == '') then
     return decide_window(keys[1], nil, now, limit, window, amount, charge, tick, grace)
+  end
+  if code == 1 and parameter == 1
+      and decide_first_hit_window(keys[1], raw, now, limit, window, amount, charge, tick, grace) then
+    return raw
   end
   local state = nil
   if raw then

@@ -43,6 +43,36 @@ fixed_window.refund = fixed_window.give_back
 
 ALGORITHMS[1] = fixed_window
 
+-- A lone hit on a window anchored on its first hit (code 1, anchor 1), as decide_one.lua
+-- calls it: `fixed_window.decide` written out, without the general path's tables and calls.
+-- Within a window the counter's expiry does not move (its window's end, then the grace), so
+-- a hit in the window it found keeps it (KEEPTTL) instead of setting it again (PX), which
+-- costs Redis more than the rest of the write (docs/performance.md). Returns false when
+-- `raw` is not a window's state, for the general path to deal with.
+local function decide_first_hit_window(key, raw, now, limit, window, amount, charge, tick, grace)
+  local start, count = now, 0
+  local same = false
+  if raw then
+    local a, b = string_match(raw, '^(%d+) (%d+)$')
+    if a == nil then
+      return false
+    end
+    local found_start = to_number(a)
+    if now < found_start + window then
+      start, count, same = found_start, to_number(b), true
+    end
+  end
+  if amount > 0 and (count + amount <= limit or charge == 1) then
+    local text = string_format('%d %d', start, min(count + amount, MAX_COUNT))
+    if same then
+      redis_call('SET', key, text, 'KEEPTTL')
+    else
+      redis_call('SET', key, text, 'PX', ttl_ms(window * tick, grace))
+    end
+  end
+  return true
+end
+
 -- The same window aligned on the epoch, stored as one integer per window (code 0; the
 -- layouts of count_one.lua and count.lua count it by INCRBY): the key names the window, so
 -- the state is {count}.

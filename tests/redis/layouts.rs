@@ -478,21 +478,34 @@ async fn every_layout_answers_what_the_request_rule_answers() {
     }
 }
 
+/// A Redis of its own and a connection to it.
+async fn connected() -> (RedisServer, redis::aio::MultiplexedConnection) {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let connection = client.get_multiplexed_async_connection().await.unwrap();
+    (server, connection)
+}
+
+impl Sequence {
+    /// A sequence for building hits by hand: the usual counters, denied hits not counted.
+    fn named(name: &str) -> Self {
+        Sequence {
+            rng: Rng(1),
+            name: name.to_owned(),
+            counters: counters(),
+            charge: Charge::IfAllowed,
+            parts_and_refunds: false,
+        }
+    }
+}
+
 /// A counter that holds something other than a count (written by something else) fails the
 /// call, and the call leaves every counter as it was: the counters it added to before
 /// meeting that one are taken back.
 #[tokio::test]
 async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_nothing() {
-    let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let sequence = Sequence {
-        rng: Rng(1),
-        name: "not-a-count".to_owned(),
-        counters: counters(),
-        charge: Charge::IfAllowed,
-        parts_and_refunds: false,
-    };
+    let (server, mut connection) = connected().await;
+    let sequence = Sequence::named("not-a-count");
     let hits = [
         sequence.hit(0, 0, 1, Role::Enforced),
         sequence.hit(1, 1, 1, Role::Enforced),
@@ -513,10 +526,7 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
         server.query(&["SET", &first, "2", "PX", "60000"]);
         server.query(&["SET", &second, "two"]);
         let error = call_on(&mut connection, &call).await.unwrap_err();
-        assert!(
-            error.to_string().contains("malformed counter 2"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("malformed counter 2"), "{error}");
         assert_eq!(server.query(&["GET", &first]), "2");
         assert_eq!(server.query(&["GET", &second]), "two");
         let ttl: i64 = server.query(&["PTTL", &first]).parse().unwrap();
@@ -529,16 +539,8 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
 /// not move.
 #[tokio::test]
 async fn a_first_hit_window_s_expiry_is_set_when_its_window_starts_and_kept_within_it() {
-    let server = RedisServer::start();
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let sequence = Sequence {
-        rng: Rng(1),
-        name: "first-hit-expiry".to_owned(),
-        counters: counters(),
-        charge: Charge::IfAllowed,
-        parts_and_refunds: false,
-    };
+    let (server, mut connection) = connected().await;
+    let sequence = Sequence::named("first-hit-expiry");
     // Counter 2: 4 hits in 10 s from the first.
     let hits = [sequence.hit(2, 0, 1, Role::Enforced)];
     let call_at = |now| Call {
@@ -552,7 +554,14 @@ async fn a_first_hit_window_s_expiry_is_set_when_its_window_starts_and_kept_with
         sliding_window: SlidingWindowLayout::Text,
     };
     let key = call_at(START).key(&hits[0]);
-    let count = || server.query(&["GET", &key]).split(' ').nth(1).unwrap().to_owned();
+    let count = || {
+        server
+            .query(&["GET", &key])
+            .split(' ')
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
     let ttl = || server.query(&["PTTL", &key]).parse::<i64>().unwrap();
 
     let first = call_at(START);

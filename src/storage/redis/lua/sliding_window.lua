@@ -84,4 +84,9 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 sliding_window.refund = sliding_window.give_back
 
+-- Whenever a hit writes the state, a count is in its window, so the limit is whole again two
+-- windows after the window's start: the counter's expiry, then the grace, is the same for
+-- every write in a window, and a write in the window it found keeps it (decide_one.lua).
+sliding_window.expiry_follows_window = true
+
 ALGORITHMS[2] = sliding_window

@@ -111,11 +111,17 @@ pub async fn start_envoy_edited(
 /// (warnings and errors) goes to a file beside `config`, quoted when Envoy exits or never
 /// becomes ready: a port taken between choosing it and Envoy binding it shows there.
 pub async fn run_envoy(config: &Path, admin: u16) -> ChildGuard {
+    run_envoy_with(config, admin, &[]).await
+}
+
+/// `run_envoy` with more command-line flags.
+pub async fn run_envoy_with(config: &Path, admin: u16, flags: &[&str]) -> ChildGuard {
     let log = config.with_extension("log");
     let child = Command::new(envoy_binary())
         .arg("-c")
         .arg(config)
         .args(["--use-dynamic-base-id", "--log-level", "warn"])
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()

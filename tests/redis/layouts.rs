@@ -599,3 +599,37 @@ async fn a_sliding_window_s_expiry_is_set_in_a_new_window_and_kept_within_it() {
     // Stored: start, then the window's count and the previous window's.
     expiry_across_windows(3, (79_000..=79_877, "1 0"), "2 0", (77_000..=77_877, "1 2")).await;
 }
+
+/// A sliding window whose count in its window went back to 0 (a refund) was stored with the
+/// shorter expiry that leaves: the next hit in that window sets the full one again rather than
+/// keep it.
+#[tokio::test]
+async fn a_sliding_window_refunded_to_nothing_gets_its_expiry_back_with_its_next_hit() {
+    let (server, mut connection) = connected().await;
+    let sequence = Sequence::named("refunded-expiry");
+    let hits = [sequence.hit(3, 0, 1, Role::Enforced)];
+    let call_at = |now| Call {
+        op: Op::Apply { now },
+        hits: &hits,
+        node: None,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms: 60_000,
+        sliding_window: SlidingWindowLayout::Text,
+    };
+    let key = call_at(START).key(&hits[0]);
+    call_on(&mut connection, &call_at(START)).await.unwrap();
+    let text = server.query(&["GET", &key]);
+    let start = text.split(' ').next().unwrap().to_owned();
+    // As a refund of that hit leaves it: no count, and an expiry at the window's end.
+    server.query(&["SET", &key, &format!("{start} 0 0"), "PX", "5000"]);
+
+    call_on(&mut connection, &call_at(START + 5 * SECOND))
+        .await
+        .unwrap();
+    assert_eq!(server.query(&["GET", &key]), format!("{start} 1 0"));
+    // Two windows after the window's start (START is 0.123457 s into it), then the grace.
+    let ttl: i64 = server.query(&["PTTL", &key]).parse().unwrap();
+    assert!((74_000..=74_877).contains(&ttl), "{ttl}");
+}

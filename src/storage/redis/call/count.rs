@@ -1,8 +1,9 @@
 //! `Layout::Count` (lua/count.lua): hits on fixed windows aligned on the epoch only, any
 //! number (one request's descriptors, a counter possibly named twice, either charge). Redis
-//! reads every counter, applies the request rule and counts each changed counter once by
-//! INCRBY; the counts it found come back, with whether it committed, and the outcomes are
-//! worked out here by the same rule, which must agree.
+//! counts each counter by INCRBY when the hits count the same and all fit, and otherwise
+//! reads every counter, applies the request rule and counts each changed counter once; the
+//! counts it found come back, with whether it committed, and the outcomes are worked out here
+//! by the same rule, which must agree.
 
 use redis::{Cmd, Value};
 

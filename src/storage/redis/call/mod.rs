@@ -33,8 +33,9 @@ pub enum Layout {
     /// One charged hit on a fixed window aligned on the epoch, the common call: INCRBY, and
     /// the count found comes back.
     CountOne,
-    /// Hits on fixed windows aligned on the epoch only: every counter read (MGET), each
-    /// changed one counted by INCRBY; the counts found come back.
+    /// Hits on fixed windows aligned on the epoch only: each counted by INCRBY when all fit,
+    /// else every counter read (MGET) and each changed one counted; the counts found come
+    /// back.
     Count,
     /// One charged hit of another algorithm (a sliding log only up to `decide_one::LONGEST_LOG`):
     /// the state found comes back.

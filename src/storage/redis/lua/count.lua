@@ -5,7 +5,8 @@
 -- added is taken back, and the call is decided as below. Otherwise every counter is read
 -- before any is written (one MGET, or one GET each across slots), the request rule (rule.lua)
 -- applied, and each changed counter written once, by INCRBY of what the call added (created
--- with its expiry): a call that commits nothing leaves every counter as it found it.
+-- with its expiry): a call that commits nothing leaves every counter reading as it did (a
+-- counter that held 0 may be gone).
 -- KEYS      the counters, with their windows' numbers appended (all in one slot); none for
 --           the cross-slot twin, whose counters follow ARGV[2].
 -- ARGV[1]   packed (prelude.lua's `numbers`): 1 with --count-denied else 0, 1 when these are
@@ -20,7 +21,7 @@
 --           count a number in place: per counter, a table store and a reply element are a
 --           fair part of what this call costs Redis), then committed (1|0).
 -- Cost      the usual call, nothing denied, does nothing per counter but INCRBY it (and
---           PEXPIRE it when new): reading every counter first cost Redis a quarter of the
+--           PEXPIRE it when new): reading every counter first cost Redis a fair share of the
 --           call. A call denied at its k-th counter pays 2k commands more than reading first
 --           (docs/performance.md).
 

@@ -4,9 +4,9 @@
 -- the hit consumed written, and the state found answered: tollgate works out the outcome from
 -- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
 -- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
--- nothing unless counted, whether or not it vetoes. A write in the window the state was found
--- in keeps the counter's expiry where the algorithm's expiry follows its window (a sliding
--- window's); a window anchored on its first hit is decided by its own written-out form, which
+-- nothing unless counted, whether or not it vetoes. A write keeps the counter's expiry where
+-- the algorithm says the one found still holds (`keeps_expiry`: a sliding window's, within a
+-- window); a window anchored on its first hit is decided by its own written-out form, which
 -- does the same (fixed_window.lua, decide_first_hit_window).
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
@@ -55,7 +55,7 @@ local function decide_one(keys, argv)
   if new_state == nil then
     return raw
   end
-  if state and algorithm.expiry_follows_window and new_state[1] == state[1] then
+  if state and algorithm.keeps_expiry and algorithm.keeps_expiry(state, new_state) then
     redis_call('SET', keys[1], encode_state(new_state), 'KEEPTTL')
   else
     redis_call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))

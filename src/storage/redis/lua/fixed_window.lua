@@ -47,8 +47,8 @@ ALGORITHMS[1] = fixed_window
 -- calls it: `fixed_window.decide` written out, without the general path's tables and calls.
 -- Within a window the counter's expiry does not move (its window's end, then the grace), so
 -- a hit in the window it found keeps it (KEEPTTL) instead of setting it again (PX), which
--- costs Redis more than the rest of the write (docs/performance.md). Returns false when
--- `raw` is not a window's state, for the general path to deal with.
+-- costs Redis a measurable share of the call (docs/performance.md). Returns false when `raw`
+-- is not a window's state, for the general path to deal with.
 local function decide_first_hit_window(key, raw, now, limit, window, amount, charge, tick, grace)
   local start, count = now, 0
   local same = false

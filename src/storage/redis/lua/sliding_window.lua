@@ -84,9 +84,13 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 sliding_window.refund = sliding_window.give_back
 
--- Whenever a hit writes the state, a count is in its window, so the limit is whole again two
--- windows after the window's start: the counter's expiry, then the grace, is the same for
--- every write in a window, and a write in the window it found keeps it (decide_one.lua).
-sliding_window.expiry_follows_window = true
+-- Whether a write of `new_state` may keep the expiry of the `state` it found (decide_one.lua):
+-- a state written with a count in its window expires two windows after the window's start,
+-- then the grace, whoever wrote it, so a later write in that window needs no other. A state
+-- without one (a refund took its count back, or a limit of 0 counted a denied hit as 0) was
+-- written with a shorter expiry, which the next hit must not keep.
+function sliding_window.keeps_expiry(state, new_state)
+  return new_state[1] == state[1] and state[2] > 0
+end
 
 ALGORITHMS[2] = sliding_window

@@ -534,6 +534,20 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
     }
 }
 
+/// A call of `hits` at `now` as a replica writing text sends it, with a grace of 60 s.
+fn lone_call(hits: &[Hit], now: Micros) -> Call<'_> {
+    Call {
+        op: Op::Apply { now },
+        hits,
+        node: None,
+        charge: Charge::IfAllowed,
+        complete: true,
+        prefix: "",
+        grace_ms: 60_000,
+        sliding_window: SlidingWindowLayout::Text,
+    }
+}
+
 /// Three lone hits on `counter` (DecideOne), at START, 5 s and 12 s later, with a grace of
 /// 60 s: the expiry in ms the first and the last set (ranges, for the time the calls take),
 /// with what each leaves stored; the second, in the window the first began, keeps the expiry
@@ -547,16 +561,7 @@ async fn expiry_across_windows(
     let (server, mut connection) = connected().await;
     let sequence = Sequence::named(&format!("expiry-{counter}"));
     let hits = [sequence.hit(counter, 0, 1, Role::Enforced)];
-    let call_at = |now| Call {
-        op: Op::Apply { now },
-        hits: &hits,
-        node: None,
-        charge: Charge::IfAllowed,
-        complete: true,
-        prefix: "",
-        grace_ms: 60_000,
-        sliding_window: SlidingWindowLayout::Text,
-    };
+    let call_at = |now| lone_call(&hits, now);
     let key = call_at(START).key(&hits[0]);
     let counts = || {
         let text = server.query(&["GET", &key]);
@@ -608,16 +613,7 @@ async fn a_sliding_window_refunded_to_nothing_gets_its_expiry_back_with_its_next
     let (server, mut connection) = connected().await;
     let sequence = Sequence::named("refunded-expiry");
     let hits = [sequence.hit(3, 0, 1, Role::Enforced)];
-    let call_at = |now| Call {
-        op: Op::Apply { now },
-        hits: &hits,
-        node: None,
-        charge: Charge::IfAllowed,
-        complete: true,
-        prefix: "",
-        grace_ms: 60_000,
-        sliding_window: SlidingWindowLayout::Text,
-    };
+    let call_at = |now| lone_call(&hits, now);
     let key = call_at(START).key(&hits[0]);
     call_on(&mut connection, &call_at(START)).await.unwrap();
     let text = server.query(&["GET", &key]);

@@ -629,3 +629,92 @@ async fn a_sliding_window_refunded_to_nothing_gets_its_expiry_back_with_its_next
     let ttl: i64 = server.query(&["PTTL", &key]).parse().unwrap();
     assert!((74_000..=74_877).contains(&ttl), "{ttl}");
 }
+
+/// A lone hit on a token bucket or a GCRA limit (each written out in its Lua) sets its
+/// counter's expiry to when the limit is fully available again, then the grace (60 s), and
+/// stores what the algorithm does; a denied one writes nothing.
+#[tokio::test]
+async fn a_bucket_s_expiry_is_when_it_is_full_again_then_the_grace() {
+    // Counter 6: a token bucket of 3 tokens, 3 a second (1/3 s per token): its level in
+    // millionths of a token, then when it was measured. Counter 7: GCRA, 2 a second, a burst
+    // of 2 (1/2 s per hit): when it is full again, then the remainder. START is
+    // 1795000000.123457 s; the second hit comes 0.1 s later.
+    let cases = [
+        (
+            6,
+            ("2000000 1795000000123457", 60_334),
+            ("1300000 1795000000223457", 60_567),
+        ),
+        (
+            7,
+            ("1795000000623457 0", 60_500),
+            ("1795000001123457 0", 60_900),
+        ),
+    ];
+    let (server, mut connection) = connected().await;
+    for (counter, first, second) in cases {
+        let sequence = Sequence::named(&format!("bucket-expiry-{counter}"));
+        let one = [sequence.hit(counter, 0, 1, Role::Enforced)];
+        let two = [sequence.hit(counter, 0, 2, Role::Enforced)];
+        let key = lone_call(&one, START).key(&one[0]);
+        let ttl = || server.query(&["PTTL", &key]).parse::<i64>().unwrap();
+        for (hits, now, (stored, expiry)) in
+            [(&one, START, first), (&one, START + SECOND / 10, second)]
+        {
+            let call = lone_call(hits, now);
+            assert_eq!(Layout::of(&call), Layout::DecideOne);
+            let reply = call_on(&mut connection, &call).await.unwrap();
+            assert!(reply.outcomes[0].allowed, "counter {counter} at {now}");
+            assert_eq!(
+                server.query(&["GET", &key]),
+                stored,
+                "counter {counter} at {now}"
+            );
+            assert!(
+                (expiry - 1_000..=expiry).contains(&ttl()),
+                "counter {counter} at {now}: {}",
+                ttl()
+            );
+        }
+        let reply = call_on(&mut connection, &lone_call(&two, START + SECOND / 10))
+            .await
+            .unwrap();
+        assert!(
+            !reply.outcomes[0].allowed,
+            "counter {counter}: two more hits"
+        );
+        assert_eq!(server.query(&["GET", &key]), second.0, "counter {counter}");
+        assert!(
+            (second.1 - 1_000..=second.1).contains(&ttl()),
+            "counter {counter}: {}",
+            ttl()
+        );
+    }
+}
+
+/// A sliding window's text of a later window than the hit's (written by a replica whose
+/// clock runs ahead) is that window's state: the hit is decided at that window's start and
+/// counts there.
+#[tokio::test]
+async fn a_sliding_window_hit_meeting_a_later_window_s_text_counts_in_that_window() {
+    let (server, mut connection) = connected().await;
+    let sequence = Sequence::named("later-window");
+    // Counter 3: 5 hits in 10 s, windows on the epoch; START is 0.123457 s into one.
+    let hits = [sequence.hit(3, 0, 1, Role::Enforced)];
+    let next_window = START - 123_457 + 10 * SECOND;
+    let key = lone_call(&hits, next_window).key(&hits[0]);
+    call_on(&mut connection, &lone_call(&hits, next_window))
+        .await
+        .unwrap();
+    let text = server.query(&["GET", &key]);
+    let start = text.split(' ').next().unwrap().to_owned();
+    // One hit in that window, two in the one before: at its start, 4 of 5 are taken.
+    server.query(&["SET", &key, &format!("{start} 1 2"), "KEEPTTL"]);
+
+    // 8 s before that window: were the hit decided there, 2 × 1.8 + 1 + 1 hits would be over 5.
+    let reply = call_on(&mut connection, &lone_call(&hits, next_window - 8 * SECOND))
+        .await
+        .unwrap();
+    assert!(reply.outcomes[0].allowed);
+    assert_eq!(server.query(&["GET", &key]), format!("{start} 2 2"));
+}

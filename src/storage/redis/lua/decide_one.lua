@@ -4,10 +4,10 @@
 -- the hit consumed written, and the state found answered: tollgate works out the outcome from
 -- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
 -- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
--- nothing unless counted, whether or not it vetoes. A write keeps the counter's expiry where
--- the algorithm says the one found still holds (`keeps_expiry`: a sliding window's, within a
--- window); a window anchored on its first hit is decided by its own written-out form, which
--- does the same (fixed_window.lua, decide_first_hit_window).
+-- nothing unless counted, whether or not it vetoes. An algorithm with a written-out form of
+-- its decision for a lone hit (`lone_hit`: every one but the sliding log's) decides it there,
+-- on the state as stored, and writes what it consumed, keeping the counter's expiry where the
+-- one found still holds; the general path below (parse, decide, encode) takes the rest.
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
@@ -42,8 +42,8 @@ local function decide_one(keys, argv)
   if code == SLIDING_TEXT and (raw == MARKER or raw == '') then
     return decide_window(keys[1], nil, now, limit, window, amount, charge, tick, grace)
   end
-  if code == 1 and parameter == 1
-      and decide_first_hit_window(keys[1], raw, now, limit, window, amount, charge, tick, grace) then
+  local lone_hit = algorithm.lone_hit
+  if lone_hit and lone_hit(keys[1], raw, now, limit, window, parameter, amount, charge, tick, grace) then
     return raw
   end
   local state = nil
@@ -55,10 +55,6 @@ local function decide_one(keys, argv)
   if new_state == nil then
     return raw
   end
-  if state and algorithm.keeps_expiry and algorithm.keeps_expiry(state, new_state) then
-    redis_call('SET', keys[1], encode_state(new_state), 'KEEPTTL')
-  else
-    redis_call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))
-  end
+  redis_call('SET', keys[1], encode_state(new_state), 'PX', ttl_ms(reset_after * tick, grace))
   return raw
 end

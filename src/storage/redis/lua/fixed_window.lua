@@ -41,15 +41,16 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 fixed_window.refund = fixed_window.give_back
 
-ALGORITHMS[1] = fixed_window
-
--- A lone hit on a window anchored on its first hit (code 1, anchor 1), as decide_one.lua
--- calls it: `fixed_window.decide` written out, without the general path's tables and calls.
--- Within a window the counter's expiry does not move (its window's end, then the grace), so
--- a hit in the window it found keeps it (KEEPTTL) instead of setting it again (PX), which
--- costs Redis a measurable share of the call (docs/performance.md). Returns false when `raw`
--- is not a window's state, for the general path to deal with.
-local function decide_first_hit_window(key, raw, now, limit, window, amount, charge, tick, grace)
+-- A lone hit on a window anchored on its first hit (anchor 1), as decide_one.lua calls it:
+-- `fixed_window.decide` written out, without the general path's tables and calls. Within a
+-- window the counter's expiry does not move (its window's end, then the grace), so a hit in
+-- the window it found keeps it (KEEPTTL) instead of setting it again (PX), which costs Redis
+-- a measurable share of the call (docs/performance.md). Returns false for a window aligned on
+-- the epoch, or when `raw` is not a window's state, for the general path to deal with.
+function fixed_window.lone_hit(key, raw, now, limit, window, anchor, amount, charge, tick, grace)
+  if anchor ~= 1 then
+    return false
+  end
   local start, count = now, 0
   local same = false
   if raw then
@@ -67,11 +68,13 @@ local function decide_first_hit_window(key, raw, now, limit, window, amount, cha
     if same then
       redis_call('SET', key, text, 'KEEPTTL')
     else
-      redis_call('SET', key, text, 'PX', ttl_ms(window * tick, grace))
+      redis_call('SET', key, text, 'PX', string_format('%d', ttl_ms(window * tick, grace)))
     end
   end
   return true
 end
+
+ALGORITHMS[1] = fixed_window
 
 -- The same window aligned on the epoch, stored as one integer per window (code 0; the
 -- layouts of count_one.lua and count.lua count it by INCRBY): the key names the window, so

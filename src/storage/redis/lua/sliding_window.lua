@@ -84,13 +84,54 @@ end
 -- A refund (is_negative_hits) gives back as a veto's give-back does, at now.
 sliding_window.refund = sliding_window.give_back
 
--- Whether a write of `new_state` may keep the expiry of the `state` it found (decide_one.lua):
--- a state written with a count in its window expires two windows after the window's start,
--- then the grace, whoever wrote it, so a later write in that window needs no other. A state
+-- A lone hit on a window written as text, as decide_one.lua calls it: `sliding_window.decide`
+-- written out, without the general path's tables and calls, which cost Redis a measurable
+-- share of the call (docs/performance.md). A state written with a count in its window expires
+-- two windows after the window's start, then the grace, whoever wrote it, so a hit in the
+-- window it found keeps that expiry (KEEPTTL) instead of setting it again (PX). A state
 -- without one (a refund took its count back, or a limit of 0 counted a denied hit as 0) was
--- written with a shorter expiry, which the next hit must not keep.
-function sliding_window.keeps_expiry(state, new_state)
-  return new_state[1] == state[1] and state[2] > 0
+-- written with a shorter expiry, which the hit must not keep. Returns false when `raw` is not
+-- a window's text (the marker is dealt with before), for the general path to deal with.
+function sliding_window.lone_hit(key, raw, now, limit, window, _, amount, charge, tick, grace)
+  local start = now - fmod(now, window)
+  local current, previous, keep = 0, 0, false
+  if raw then
+    local found_start, found_current, found_previous = string_match(raw, '^(%d+) (%d+) (%d+)$')
+    if found_start == nil then
+      return false
+    end
+    found_start = to_number(found_start)
+    if found_start >= start then
+      start, current, previous = found_start, to_number(found_current), to_number(found_previous)
+      keep = current > 0
+    elseif found_start + window == start then
+      previous = to_number(found_current)
+    end
+  end
+  if amount == 0 then
+    return true
+  end
+  now = max(now, start)
+  local elapsed = now - start
+  -- sliding_window.admits, written out.
+  if charge ~= 1 and not (current + amount <= limit
+      and previous * (window - elapsed) + (current + amount) * window <= limit * window) then
+    return true
+  end
+  local next_current = min(current + amount, limit)
+  local text = string_format('%d %d %d', start, next_current, previous)
+  if keep then
+    redis_call('SET', key, text, 'KEEPTTL')
+    return true
+  end
+  local reset_after = 0
+  if next_current > 0 then
+    reset_after = start + 2 * window - now
+  elseif previous > 0 then
+    reset_after = start + window - now
+  end
+  redis_call('SET', key, text, 'PX', string_format('%d', ttl_ms(reset_after * tick, grace)))
+  return true
 end
 
 ALGORITHMS[2] = sliding_window

@@ -13,6 +13,15 @@ local function gcra_ahead(state, now, limit)
   return 0
 end
 
+-- How far the TAT is ahead once `consumed` hits are taken from `ahead`: under --count-denied
+-- it stops at a full burst ahead (as Rust's min).
+local function gcra_ahead_after(ahead, consumed, window, burst, tolerance)
+  if consumed > burst then
+    return max(ahead, tolerance)
+  end
+  return min(ahead + consumed * window, max(ahead, tolerance))
+end
+
 function gcra.decide(state, now, limit, window, burst, hits, charge)
   if limit == 0 then
     return never(window)
@@ -22,13 +31,7 @@ function gcra.decide(state, now, limit, window, burst, hits, charge)
   local need = max(hits, 1)
   local allowed = need <= burst and ahead + need * window <= tolerance
   local consumed = consumed_by(allowed, charge, hits)
-  -- --count-denied: the TAT stops at a full burst ahead (as Rust's min).
-  local new_ahead
-  if consumed > burst then
-    new_ahead = max(ahead, tolerance)
-  else
-    new_ahead = min(ahead + consumed * window, max(ahead, tolerance))
-  end
+  local new_ahead = gcra_ahead_after(ahead, consumed, window, burst, tolerance)
   local reset_after = div_ceil(new_ahead, limit)
   local new_state = nil
   if consumed > 0 then
@@ -109,12 +112,7 @@ function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick
       or (charge ~= 1 and not (amount <= burst and ahead + amount * window <= tolerance)) then
     return true
   end
-  local new_ahead
-  if amount > burst then
-    new_ahead = max(ahead, tolerance)
-  else
-    new_ahead = min(ahead + amount * window, max(ahead, tolerance))
-  end
+  local new_ahead = gcra_ahead_after(ahead, amount, window, burst, tolerance)
   local whole = idiv(new_ahead, limit)
   local reset_after = whole
   if whole * limit < new_ahead then

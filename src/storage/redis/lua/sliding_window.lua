@@ -28,6 +28,17 @@ end
 
 local sliding_window = {}
 
+-- When the limit is whole again, from `now` in the window that starts at `start`, with
+-- `current` counted in it and `previous` in the one before.
+local function sliding_window_reset(start, now, window, current, previous)
+  if current > 0 then
+    return start + 2 * window - now
+  elseif previous > 0 then
+    return start + window - now
+  end
+  return 0
+end
+
 -- Whether `need` hits fit with `current` counted in the window and `previous` in the one
 -- before, `elapsed` ticks into it. Compared by count first: (current + need) × window could
 -- pass 2^53.
@@ -52,12 +63,7 @@ function sliding_window.decide(state, now, limit, window, _, hits, charge)
   local consumed = consumed_by(allowed, charge, hits)
   local next_current = min(current + consumed, limit)
   local capacity = idiv(max(limit * window - carried, 0), window)
-  local reset_after = 0
-  if next_current > 0 then
-    reset_after = start + 2 * window - now
-  elseif previous > 0 then
-    reset_after = start + window - now
-  end
+  local reset_after = sliding_window_reset(start, now, window, next_current, previous)
   local new_state = nil
   if consumed > 0 then
     new_state = { start, next_current, previous }
@@ -124,12 +130,7 @@ function sliding_window.lone_hit(key, raw, now, limit, window, _, amount, charge
     redis_call('SET', key, text, 'KEEPTTL')
     return true
   end
-  local reset_after = 0
-  if next_current > 0 then
-    reset_after = start + 2 * window - now
-  elseif previous > 0 then
-    reset_after = start + window - now
-  end
+  local reset_after = sliding_window_reset(start, now, window, next_current, previous)
   redis_call('SET', key, text, 'PX', string_format('%d', ttl_ms(reset_after * tick, grace)))
   return true
 end

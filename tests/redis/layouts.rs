@@ -708,10 +708,12 @@ async fn a_sliding_window_hit_meeting_a_later_window_s_text_counts_in_that_windo
         .unwrap();
     let text = server.query(&["GET", &key]);
     let start = text.split(' ').next().unwrap().to_owned();
-    // One hit in that window, two in the one before: at its start, 4 of 5 are taken.
+    // One hit in that window, two in the one before: at its start, 3 of 5 are taken, 4 with the
+    // hit.
     server.query(&["SET", &key, &format!("{start} 1 2"), "KEEPTTL"]);
 
-    // 8 s before that window: were the hit decided there, 2 × 1.8 + 1 + 1 hits would be over 5.
+    // 8 s before that window: were the hit decided at its own instant (not clamped to the
+    // window's start), 2 × 1.8 + 1 + 1 hits would be over 5.
     let reply = call_on(&mut connection, &lone_call(&hits, next_window - 8 * SECOND))
         .await
         .unwrap();

@@ -7,7 +7,8 @@
 -- nothing unless counted, whether or not it vetoes. An algorithm with a written-out form of
 -- its decision for a lone hit (`lone_hit`: every one but the sliding log's) decides it there,
 -- on the state as stored, and writes what it consumed, keeping the counter's expiry where the
--- one found still holds; the general path below (parse, decide, encode) takes the rest.
+-- one found still holds; the general path below (parse, decide, encode) takes the rest. A
+-- sliding window written as counters, or marked, is decided before, in window_counters.lua.
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),

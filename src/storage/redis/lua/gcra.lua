@@ -108,7 +108,7 @@ function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick
   end
   local tolerance = burst * window
   -- Compared by hits first: amount × window could pass 2^53.
-  if limit == 0 or amount == 0
+  if limit == 0 or amount <= 0
       or (charge ~= 1 and not (amount <= burst and ahead + amount * window <= tolerance)) then
     return true
   end

@@ -8,8 +8,8 @@
 -- within 2^52 (src/algorithm/mod.rs: EXACT_BOUND, Params::tick), products that could exceed
 -- it are guarded by a comparison first, and division goes through math.fmod, which is exact,
 -- so each function returns exactly what its Rust twin in src/algorithm/ returns.
--- Each algorithm file defines a table with the two functions of its Rust twin, under the
--- same names, and registers it in ALGORITHMS by its code (src/storage/redis/call/numbers.rs,
+-- Each algorithm file defines a table with the functions of its Rust twin, under the same
+-- names, and registers it in ALGORITHMS by its code (src/storage/redis/call/numbers.rs,
 -- `code`):
 --   decide(state, now, limit, window, parameter, hits, charge)
 --     -> new_state (nil: leave it), allowed, remaining, reset_after, retry_after
@@ -17,6 +17,10 @@
 --     -> nothing; returns `count` hits consumed at `at` to `state`, in place
 --   refund(state, now, limit, window, parameter, count)
 --     -> nothing; gives `count` hits back at `now` (algorithm::refund), in place
+-- and, but for the sliding log, its decision for a lone hit written out (decide_one.lua):
+--   lone_hit(key, raw, now, limit, window, parameter, hits, charge, tick, grace)
+--     -> false when `raw` (the text stored, or nil) is not of its usual form; else true,
+--        what the hit consumed written under `key`
 -- Times are in ticks; `parameter` is Algorithm::parameter_in_ticks; a state is its list of
 -- numbers, as stored (state.lua).
 

@@ -114,7 +114,7 @@ function sliding_window.lone_hit(key, raw, now, limit, window, _, amount, charge
       previous = to_number(found_current)
     end
   end
-  if amount == 0 then
+  if amount <= 0 then
     return true
   end
   now = max(now, start)

@@ -91,7 +91,7 @@ function token_bucket.lone_hit(key, raw, now, limit, window, burst, amount, char
     updated = max(found_updated, now)
   end
   -- Compared by hits first: amount × window could pass 2^53.
-  if limit == 0 or amount == 0
+  if limit == 0 or amount <= 0
       or (charge ~= 1 and not (amount <= burst and amount * window <= level)) then
     return true
   end

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::algorithm::{Algorithm, Anchor, Charge, Params};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::{EntryValue, counter_key};
-use crate::storage::redis::call::{Call, Layout, Op, SlidingWindowLayout};
+use crate::storage::redis::call::{BucketLayout, Call, Layout, Op, SlidingWindowLayout};
 use crate::storage::redis::connection::call_as;
 use crate::storage::{Hit, Role};
 
@@ -29,7 +29,8 @@ pub struct CallsArgs {
 
     /// What to send: `floor`, or the algorithm of every hit (`fixed_window`,
     /// `fixed_window_first_hit`, `sliding_window`, `sliding_window_counters` (written in the
-    /// counters layout), `sliding_log`, `token_bucket`, `gcra`).
+    /// counters layout), `sliding_log`, `token_bucket`, `gcra`, and `token_bucket_packed`,
+    /// `gcra_packed` (written packed).
     #[arg(long, default_value = "fixed_window")]
     pub call: String,
 
@@ -117,18 +118,33 @@ enum Shape {
     Hits {
         params: Params,
         layout: Option<Layout>,
-        sliding_window: SlidingWindowLayout,
+        writes: Writes,
     },
+}
+
+/// The state layouts a run's calls write in.
+#[derive(Clone, Copy, Default)]
+struct Writes {
+    sliding_window: SlidingWindowLayout,
+    bucket: BucketLayout,
 }
 
 impl Shape {
     fn of(args: &CallsArgs) -> anyhow::Result<Self> {
-        let mut sliding_window = SlidingWindowLayout::Text;
+        let mut writes = Writes::default();
         let algorithm = match args.call.as_str() {
             "floor" => return Ok(Shape::Floor(Arc::new(redis::Script::new(FLOOR_SCRIPT)))),
             "sliding_window_counters" => {
-                sliding_window = SlidingWindowLayout::Counters;
+                writes.sliding_window = SlidingWindowLayout::Counters;
                 Algorithm::SlidingWindow
+            }
+            "token_bucket_packed" => {
+                writes.bucket = BucketLayout::Packed;
+                Algorithm::TokenBucket { burst: args.limit }
+            }
+            "gcra_packed" => {
+                writes.bucket = BucketLayout::Packed;
+                Algorithm::Gcra { burst: args.limit }
             }
             "fixed_window_first_hit" => Algorithm::FixedWindow {
                 anchor: Anchor::FirstHit,
@@ -156,7 +172,7 @@ impl Shape {
         Ok(Shape::Hits {
             params,
             layout,
-            sliding_window,
+            writes,
         })
     }
 
@@ -167,10 +183,10 @@ impl Shape {
             Shape::Hits {
                 params,
                 layout,
-                sliding_window,
+                writes,
             } => {
                 let hits = hits_of(params, 0, hits);
-                let call = call(&hits, 0, *sliding_window);
+                let call = call(&hits, 0, *writes);
                 layout
                     .unwrap_or_else(|| Layout::of(&call))
                     .name()
@@ -186,7 +202,7 @@ impl Shape {
         count: usize,
         grace_ms: u64,
     ) -> anyhow::Result<()> {
-        let (params, layout, sliding_window) = match self {
+        let (params, layout, writes) = match self {
             Shape::Floor(script) => {
                 // A key as long as a counter's (key length is part of what Redis spends).
                 let params = Params {
@@ -206,11 +222,11 @@ impl Shape {
             Shape::Hits {
                 params,
                 layout,
-                sliding_window,
-            } => (params, layout, *sliding_window),
+                writes,
+            } => (params, layout, *writes),
         };
         let hits = hits_of(params, user, count);
-        let call = call(&hits, grace_ms, sliding_window);
+        let call = call(&hits, grace_ms, writes);
         let layout = layout.unwrap_or_else(|| Layout::of(&call));
         call_as(connection, &call, layout).await?;
         Ok(())
@@ -245,7 +261,7 @@ const AT: Micros = FLOOR_WINDOW * MICROS_PER_SECOND;
 const FLOOR_WINDOW: u64 = 1_795_000_000;
 
 /// A call of `hits` at `AT`, as one request's.
-fn call(hits: &[Hit], grace_ms: u64, sliding_window: SlidingWindowLayout) -> Call<'_> {
+fn call(hits: &[Hit], grace_ms: u64, writes: Writes) -> Call<'_> {
     Call {
         op: Op::Apply { now: AT },
         hits,
@@ -254,7 +270,8 @@ fn call(hits: &[Hit], grace_ms: u64, sliding_window: SlidingWindowLayout) -> Cal
         complete: true,
         prefix: "",
         grace_ms,
-        sliding_window,
+        sliding_window: writes.sliding_window,
+        bucket: writes.bucket,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::builder::{BoolishValueParser, TypedValueParser};
 
-use super::redis::call::SlidingWindowLayout;
+use super::redis::call::{BucketLayout, SlidingWindowLayout};
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
 use crate::algorithm::Charge;
 use crate::clock::Clock;
@@ -125,6 +125,16 @@ pub struct StoreOptions {
     /// switched one at a time (docs/operations.md, "Upgrades").
     #[arg(long, env = "TOLLGATE_REDIS_SLIDING_WINDOW_LAYOUT", value_enum, default_value_t = SlidingWindowLayout::Text)]
     pub redis_sliding_window_layout: SlidingWindowLayout,
+
+    /// How a lone hit writes a `token_bucket` or `gcra` limit to Redis: `text`, its two
+    /// numbers as text, as builds before this one read and write them; or `packed`, the two
+    /// numbers packed, which costs Redis less per hit and keeps the counter for the longest
+    /// the bucket can take to fill (a full burst at its rate) rather than until it is full
+    /// again. Every replica reads both, so once none runs an earlier build, replicas can be
+    /// switched one at a time; an earlier build misreads `packed`, so switch back to `text`
+    /// before going back to one (docs/operations.md, "Upgrades").
+    #[arg(long, env = "TOLLGATE_REDIS_BUCKET_LAYOUT", value_enum, default_value_t = BucketLayout::Text)]
+    pub redis_bucket_layout: BucketLayout,
 
     /// Hits a second on one counter, seen by this replica, from which a leased counter's
     /// budget is leased.

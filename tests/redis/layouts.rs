@@ -21,7 +21,7 @@ use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::redis::call::numbers::{is_counter, state_from_numbers, window_start};
-use tollgate::storage::redis::call::{Call, Layout, Op, Reply, SlidingWindowLayout};
+use tollgate::storage::redis::call::{BucketLayout, Call, Layout, Op, Reply, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::rule;
 use tollgate::storage::{CounterStore, Hit, Role};
@@ -337,6 +337,7 @@ async fn run(
                 prefix: "",
                 grace_ms: 3_600_000,
                 sliding_window: sequence.sliding_window_layout(),
+                bucket: BucketLayout::Text,
             };
             let reply = call_on(connection, &call)
                 .await
@@ -380,6 +381,7 @@ async fn run(
             prefix: "",
             grace_ms: 3_600_000,
             sliding_window: sequence.sliding_window_layout(),
+            bucket: BucketLayout::Text,
         };
         let layout = Layout::of(&call);
         *used.entry((layout, cross_slot)).or_default() += 1;
@@ -520,6 +522,7 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
             prefix: "",
             grace_ms: 3_600_000,
             sliding_window: SlidingWindowLayout::Text,
+            bucket: BucketLayout::Text,
         };
         assert_eq!(Layout::of(&call), Layout::Count);
         let (first, second) = (call.key(&hits[0]), call.key(&hits[1]));
@@ -545,6 +548,7 @@ fn lone_call(hits: &[Hit], now: Micros) -> Call<'_> {
         prefix: "",
         grace_ms: 60_000,
         sliding_window: SlidingWindowLayout::Text,
+        bucket: BucketLayout::Text,
     }
 }
 
@@ -690,6 +694,88 @@ async fn a_bucket_s_expiry_is_when_it_is_full_again_then_the_grace() {
             ttl()
         );
     }
+}
+
+/// A bucket written packed (`BucketLayout::Packed`) holds the numbers the text would, after
+/// the tag byte, and is kept for the longest the bucket can take to fill, then the grace; a
+/// replica writing text reads it and writes text, one writing packed reads the text. GCRA
+/// ahead by more than its burst (one lowered since) is written as text with its own expiry.
+#[tokio::test]
+async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_is() {
+    fn packed(first: u64, second: u64) -> Vec<u8> {
+        [&[0xFF][..], &first.to_le_bytes(), &second.to_le_bytes()].concat()
+    }
+    // Counter 6: a token bucket of 3 tokens, 3 a second; counter 7: GCRA, 2 a second, a burst
+    // of 2 (as in the test above). Each fills in 1 s at most: kept 61,000 ms packed.
+    let cases = [
+        (
+            6,
+            packed(2_000_000, 1_795_000_000_123_457),
+            ("1300000 1795000000223457", 60_567),
+            packed(1_500_000, 1_795_000_000_623_457),
+        ),
+        (
+            7,
+            packed(1_795_000_000_623_457, 0),
+            ("1795000001123457 0", 60_900),
+            packed(1_795_000_001_623_457, 0),
+        ),
+    ];
+    let (server, mut connection) = connected().await;
+    for (counter, first, second, third) in cases {
+        let sequence = Sequence::named(&format!("bucket-packed-{counter}"));
+        let one = [sequence.hit(counter, 0, 1, Role::Enforced)];
+        let key = lone_call(&one, START).key(&one[0]);
+        let ttl = || server.query(&["PTTL", &key]).parse::<i64>().unwrap();
+        let at = |now, bucket| Call {
+            bucket,
+            ..lone_call(&one, now)
+        };
+        let steps = [
+            (START, BucketLayout::Packed, first, 61_000),
+            (
+                START + SECOND / 10,
+                BucketLayout::Text,
+                second.0.as_bytes().to_vec(),
+                second.1,
+            ),
+            (START + SECOND / 2, BucketLayout::Packed, third, 61_000),
+        ];
+        for (now, bucket, stored, expiry) in steps {
+            let call = at(now, bucket);
+            assert_eq!(Layout::of(&call), Layout::DecideOne);
+            let reply = call_on(&mut connection, &call).await.unwrap();
+            assert!(reply.outcomes[0].allowed, "counter {counter} at {now}");
+            let value: Vec<u8> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut connection)
+                .await
+                .unwrap();
+            assert_eq!(value, stored, "counter {counter} at {now} by {bucket:?}");
+            assert!(
+                (expiry - 1_000..=expiry).contains(&ttl()),
+                "counter {counter} at {now}: {}",
+                ttl()
+            );
+        }
+    }
+
+    let sequence = Sequence::named("bucket-packed-lowered");
+    let one = [sequence.hit(7, 0, 1, Role::Enforced)];
+    let key = lone_call(&one, START).key(&one[0]);
+    // Full again 5 s from now, where a burst of 2 at 2 a second is at most 1 s ahead.
+    let ahead = format!("{} 0", START + 5 * SECOND);
+    server.query(&["SET", &key, &ahead]);
+    let counted = Call {
+        charge: Charge::Always,
+        bucket: BucketLayout::Packed,
+        ..lone_call(&one, START)
+    };
+    let reply = call_on(&mut connection, &counted).await.unwrap();
+    assert!(!reply.outcomes[0].allowed);
+    assert_eq!(server.query(&["GET", &key]), ahead);
+    let ttl = server.query(&["PTTL", &key]).parse::<i64>().unwrap();
+    assert!((64_000..=65_000).contains(&ttl), "{ttl}");
 }
 
 /// A sliding window's text of a later window than the hit's (written by a replica whose

@@ -15,8 +15,8 @@ use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
-use tollgate::storage::redis::call::numbers::state_numbers;
-use tollgate::storage::redis::call::{self, Call, SlidingWindowLayout};
+use tollgate::storage::redis::call::numbers::{packed_pair, state_numbers};
+use tollgate::storage::redis::call::{self, BucketLayout, Call, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -52,6 +52,8 @@ struct Tally {
     vetoed: u64,
     refunded: u64,
     client_refunds: u64,
+    /// Steps after which the counter was stored packed (`BucketLayout::Packed`).
+    packed: u64,
 }
 
 /// What a step does to the counter.
@@ -114,45 +116,72 @@ fn as_of(params: &Params, now: Micros, numbers: Option<Vec<u64>>) -> Option<Vec<
     Some(vec![start, count])
 }
 
-/// The counter as stored in Redis.
+/// The counter as stored in Redis: its numbers, and whether they were packed.
 async fn stored(
     connection: &mut redis::aio::MultiplexedConnection,
     key: &CounterKey,
     params: &Params,
     now: Micros,
-) -> Option<Vec<u64>> {
+) -> (Option<Vec<u64>>, bool) {
     let key = if one_integer_per_window(params) {
         format!("{}:{}", key.as_str(), now / params.window)
     } else {
         key.as_str().to_owned()
     };
-    let text: Option<String> = redis::cmd("GET")
+    let value: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key)
         .query_async(connection)
         .await
         .unwrap();
-    text.map(|text| {
-        text.split_whitespace()
-            .map(|n| n.parse().unwrap())
-            .collect()
-    })
+    let Some(value) = value else {
+        return (None, false);
+    };
+    if let Some(pair) = packed_pair(&value) {
+        return (Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec()), true);
+    }
+    let numbers = std::str::from_utf8(&value)
+        .unwrap()
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    (Some(numbers), false)
 }
 
-/// How a sequence's calls write a sliding window (the other algorithms have one layout).
+/// The layouts a call writes a sliding window and a bucket in (the other algorithms have one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Layouts {
+    sliding_window: SlidingWindowLayout,
+    bucket: BucketLayout,
+}
+
+/// Every layout as the builds before them wrote.
+const TEXT: Layouts = Layouts {
+    sliding_window: SlidingWindowLayout::Text,
+    bucket: BucketLayout::Text,
+};
+
+/// Every layout but text.
+const NEWER: Layouts = Layouts {
+    sliding_window: SlidingWindowLayout::Counters,
+    bucket: BucketLayout::Packed,
+};
+
+/// How a sequence's calls write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Writes {
-    /// Every call in this layout.
-    All(SlidingWindowLayout),
-    /// Each call in a layout drawn at random, as replicas switched one at a time do.
+    /// Every call in these layouts.
+    All(Layouts),
+    /// Each call as a replica drawn at random writes, text or the newer layouts, as replicas
+    /// switched one at a time do.
     Mixed,
 }
 
 impl Writes {
-    fn layout(self, rng: &mut Rng) -> SlidingWindowLayout {
+    fn layouts(self, rng: &mut Rng) -> Layouts {
         match self {
-            Writes::All(layout) => layout,
-            Writes::Mixed if rng.below(2) == 0 => SlidingWindowLayout::Text,
-            Writes::Mixed => SlidingWindowLayout::Counters,
+            Writes::All(layouts) => layouts,
+            Writes::Mixed if rng.below(2) == 0 => TEXT,
+            Writes::Mixed => NEWER,
         }
     }
 }
@@ -173,7 +202,7 @@ async fn apply(
     vetoed: bool,
     now: Micros,
     charge: Charge,
-    sliding_window: SlidingWindowLayout,
+    layouts: Layouts,
     context: &str,
 ) -> call::Reply {
     let call = Call {
@@ -184,7 +213,8 @@ async fn apply(
         complete: true,
         prefix: "",
         grace_ms: 3_600_000,
-        sliding_window,
+        sliding_window: layouts.sliding_window,
+        bucket: layouts.bucket,
     };
     call_on(connection, &call)
         .await
@@ -243,14 +273,15 @@ async fn run_sequence(
         vetoed: 0,
         refunded: 0,
         client_refunds: 0,
+        packed: 0,
     };
     for index in 0..steps {
         let (gap, hits) = step(&mut rng, &params);
         now += gap;
         let op = op(&mut rng, charge);
-        let layout = writes.layout(&mut rng);
+        let layouts = writes.layouts(&mut rng);
         let context = format!(
-            "{name} ({params:?}, {charge:?}, {writes:?}) step {index}: {op:?} {hits} hits at {now} by {layout:?}"
+            "{name} ({params:?}, {charge:?}, {writes:?}) step {index}: {op:?} {hits} hits at {now} by {layouts:?}"
         );
         if op == Op::Refund {
             if pending.is_empty() {
@@ -279,7 +310,8 @@ async fn run_sequence(
                 complete: false,
                 prefix: "",
                 grace_ms: 3_600_000,
-                sliding_window: layout,
+                sliding_window: layouts.sliding_window,
+                bucket: layouts.bucket,
             };
             call_on(connection, &call)
                 .await
@@ -295,7 +327,7 @@ async fn run_sequence(
                 blocker.clone(),
             ];
             let vetoed = op == Op::VetoedClientRefund;
-            let reply = apply(connection, &calls, vetoed, now, charge, layout, &context).await;
+            let reply = apply(connection, &calls, vetoed, now, charge, layouts, &context).await;
             assert_eq!(reply.outcomes[0], refund.outcome, "{context}: Lua vs Rust");
             if let Some(next) = refund.state {
                 state = Some(next);
@@ -311,7 +343,7 @@ async fn run_sequence(
                 op == Op::Veto,
                 now,
                 charge,
-                layout,
+                layouts,
                 &context,
             )
             .await;
@@ -349,8 +381,10 @@ async fn run_sequence(
                 "{context}: stored counts in window {newest} and the one before, Lua vs Rust"
             );
         } else {
+            let (numbers, packed) = stored(connection, &key, &params, now).await;
+            tally.packed += u64::from(packed);
             assert_eq!(
-                as_of(&params, now, stored(connection, &key, &params, now).await),
+                as_of(&params, now, numbers),
                 as_of(&params, now, state.as_ref().map(state_numbers)),
                 "{context}: stored state, Lua vs Rust"
             );
@@ -366,7 +400,7 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let state = Writes::All(SlidingWindowLayout::Text);
+    let state = Writes::All(TEXT);
     let tally = run_sequence(
         &mut connection,
         name,
@@ -400,9 +434,14 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
         11,
     )
     .await;
+    assert_eq!(tally.packed, 0, "{name}: text layouts never write packed");
+    let bucket = matches!(
+        main.algorithm,
+        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
+    );
     for &writes in [state].iter().chain(more) {
         if writes != state {
-            run_sequence(
+            let tally = run_sequence(
                 &mut connection,
                 name,
                 main,
@@ -412,6 +451,18 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
                 7,
             )
             .await;
+            // Packed by a lone hit (most steps), text after a give-back, a refund or a
+            // vetoed call, which write text in every layout.
+            let packed = match writes {
+                _ if !bucket => 0..=0,
+                Writes::All(_) => 1_000..=4_000,
+                Writes::Mixed => 200..=3_000,
+            };
+            assert!(
+                packed.contains(&tally.packed),
+                "{name} {writes:?}: {} of 4,000 steps left the counter packed",
+                tally.packed
+            );
             run_sequence(
                 &mut connection,
                 name,
@@ -481,7 +532,7 @@ async fn sliding_window() {
             daily,
             params(sliding, 0, SECOND),
         ],
-        &[Writes::All(SlidingWindowLayout::Counters), Writes::Mixed],
+        &[Writes::All(NEWER), Writes::Mixed],
     )
     .await;
 }
@@ -517,7 +568,7 @@ async fn token_bucket() {
             daily,
             params(bucket(1), 0, SECOND),
         ],
-        &[],
+        &[Writes::All(NEWER), Writes::Mixed],
     )
     .await;
 }
@@ -535,7 +586,7 @@ async fn gcra() {
             daily,
             params(gcra(1), 0, SECOND),
         ],
-        &[],
+        &[Writes::All(NEWER), Writes::Mixed],
     )
     .await;
 }

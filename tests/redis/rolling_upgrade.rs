@@ -1,10 +1,10 @@
 //! A rolling upgrade on one Redis (docs/operations.md, "Upgrades"). Replicas of the build
-//! before the sliding window's counters layout (its function library exactly as that build
-//! loaded it, tests/fixtures/redis/library-4648178.lua) and replicas of this build, writing
-//! either layout, take turns deciding one sliding window's hits, as a deploy and then the
-//! switch to the counters layout put them side by side. Every outcome must be the one a single
-//! Rust limiter gives for the same hits, and what Redis holds must add up to its state:
-//! nothing is over-admitted, no call fails.
+//! before the sliding window's counters layout and the buckets' packed one (its function
+//! library exactly as that build loaded it, tests/fixtures/redis/library-4648178.lua) and
+//! replicas of this build, writing either layout, take turns deciding one limit's hits, as a
+//! deploy and then the switch to the newer layout put them side by side. Every outcome must be
+//! the one a single Rust limiter gives for the same hits, and what Redis holds must add up to
+//! its state: nothing is over-admitted, no call fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +17,8 @@ use redis::Value;
 use tollgate::algorithm::{self, Algorithm, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::call::{Call, Layout, Op, Reply, SlidingWindowLayout};
+use tollgate::storage::redis::call::numbers::{packed_pair, state_numbers};
+use tollgate::storage::redis::call::{BucketLayout, Call, Layout, Op, Reply, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -30,11 +31,14 @@ const EARLIER_LIBRARY: &str = include_str!("../fixtures/redis/library-4648178.lu
 /// Who decides a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Replica {
-    /// The build before the counters layout, through its own functions.
+    /// The build before the newer layouts, through its own functions.
     Earlier,
-    /// This build, writing sliding windows in this layout.
-    This(SlidingWindowLayout),
+    /// This build, writing sliding windows and buckets in these layouts.
+    This(SlidingWindowLayout, BucketLayout),
 }
+
+/// This build as it is deployed: every layout text.
+const TEXT: Replica = Replica::This(SlidingWindowLayout::Text, BucketLayout::Text);
 
 /// `call` decided by `replica`.
 async fn send(
@@ -114,9 +118,9 @@ impl Upgrade {
             _ => self.rng.below(5 * SECOND),
         };
         let replica = replicas[self.rng.below(replicas.len() as u64) as usize];
-        let sliding_window = match replica {
-            Replica::Earlier => SlidingWindowLayout::Text,
-            Replica::This(layout) => layout,
+        let (sliding_window, bucket) = match replica {
+            Replica::Earlier => (SlidingWindowLayout::Text, BucketLayout::Text),
+            Replica::This(sliding_window, bucket) => (sliding_window, bucket),
         };
         let hits = 1 + self.rng.below(2);
         // One call in six is decided late: at an instant up to 200 ms before the last one's,
@@ -137,6 +141,7 @@ impl Upgrade {
             prefix: "",
             grace_ms: 3_600_000,
             sliding_window,
+            bucket,
         };
         match self.rng.below(10) {
             0 if !self.committed.is_empty() => {
@@ -233,6 +238,14 @@ impl Upgrade {
                 }
             }
         }
+        if self.params.algorithm != Algorithm::SlidingWindow {
+            assert_eq!(
+                stored(connection, self.hit.key.as_str()).await,
+                self.state.as_ref().map(state_numbers),
+                "{context}: stored state"
+            );
+            return;
+        }
         let newest = sliding_window::newest_window(&self.params, self.state.as_ref(), now);
         assert_eq!(
             sliding_window::stored(connection, self.hit.key.as_str(), &self.params, newest).await,
@@ -242,14 +255,23 @@ impl Upgrade {
     }
 }
 
-#[tokio::test]
-async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_exactly() {
-    let (_server, mut connection) = with_earlier_library().await;
-    let params = Params {
-        algorithm: Algorithm::SlidingWindow,
-        requests: 7,
-        window: 2 * SECOND,
-    };
+/// The numbers a counter holds, as text or packed.
+async fn stored(connection: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Vec<u64>> {
+    let value: Option<Vec<u8>> = redis::cmd("GET")
+        .arg(key)
+        .query_async(connection)
+        .await
+        .unwrap();
+    let value = value?;
+    if let Some(pair) = packed_pair(&value) {
+        return Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec());
+    }
+    let text = std::str::from_utf8(&value).unwrap();
+    Some(text.split(' ').map(|n| n.parse().unwrap()).collect())
+}
+
+/// An upgrade of one limit of `params`, its calls drawn by `seed`.
+fn upgrade(params: Params, seed: u64) -> Upgrade {
     let hit = |name: &str, params: Params| Hit {
         descriptor: 0,
         key: counter_key("upgrade", [("user", EntryValue::Actual(name))], &params),
@@ -269,8 +291,8 @@ async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_ex
             },
         )
     };
-    let mut upgrade = Upgrade {
-        rng: Rng(0x0099_1ade),
+    Upgrade {
+        rng: Rng(seed),
         params,
         hit: hit("shared", params),
         blocker,
@@ -278,20 +300,56 @@ async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_ex
         committed: Vec::new(),
         now: START,
         calls: 0,
-    };
-    let state = Replica::This(SlidingWindowLayout::Text);
-    let counters = Replica::This(SlidingWindowLayout::Counters);
-    // Before, during and after the deploy; during and after the switch.
+    }
+}
+
+/// Before, during and after the deploy of this build; during and after the switch to `newer`.
+async fn deploy_then_switch(
+    connection: &mut redis::aio::MultiplexedConnection,
+    upgrade: &mut Upgrade,
+    newer: Replica,
+) {
     for replicas in [
         &[Replica::Earlier][..],
-        &[Replica::Earlier, state],
-        &[state],
-        &[state, counters],
-        &[counters],
+        &[Replica::Earlier, TEXT],
+        &[TEXT],
+        &[TEXT, newer],
+        &[newer],
     ] {
         for _ in 0..600 {
-            upgrade.step(&mut connection, replicas).await;
+            upgrade.step(connection, replicas).await;
         }
+    }
+}
+
+#[tokio::test]
+async fn replicas_of_the_earlier_build_and_of_this_one_share_a_sliding_window_exactly() {
+    let (_server, mut connection) = with_earlier_library().await;
+    let params = Params {
+        algorithm: Algorithm::SlidingWindow,
+        requests: 7,
+        window: 2 * SECOND,
+    };
+    let mut upgrade = upgrade(params, 0x0099_1ade);
+    let counters = Replica::This(SlidingWindowLayout::Counters, BucketLayout::Text);
+    deploy_then_switch(&mut connection, &mut upgrade, counters).await;
+}
+
+#[tokio::test]
+async fn replicas_of_the_earlier_build_and_of_this_one_share_a_bucket_exactly() {
+    let (_server, mut connection) = with_earlier_library().await;
+    let packed = Replica::This(SlidingWindowLayout::Text, BucketLayout::Packed);
+    for (algorithm, seed) in [
+        (Algorithm::TokenBucket { burst: 4 }, 0x00b0_c4e7),
+        (Algorithm::Gcra { burst: 4 }, 0x006c_7a11),
+    ] {
+        let params = Params {
+            algorithm,
+            requests: 3,
+            window: SECOND,
+        };
+        let mut upgrade = upgrade(params, seed);
+        deploy_then_switch(&mut connection, &mut upgrade, packed).await;
     }
 }
 
@@ -323,6 +381,7 @@ async fn an_earlier_build_that_meets_a_limit_written_as_counters_fails_rather_th
         prefix: "",
         grace_ms: 3_600_000,
         sliding_window,
+        bucket: BucketLayout::Text,
     };
     for at in [START, START + SECOND] {
         let reply = call_on(&mut connection, &call(at, SlidingWindowLayout::Counters))

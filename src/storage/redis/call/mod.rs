@@ -154,6 +154,22 @@ pub enum SlidingWindowLayout {
     Counters,
 }
 
+/// How a lone hit writes a token bucket or a GCRA limit to Redis (`--redis-bucket-layout`).
+/// Every path reads both, so replicas writing either share a counter exactly: the layout can
+/// be switched one replica at a time once none runs a build that reads only text.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BucketLayout {
+    /// Its two numbers as text (`level updated`, `tat remainder`), kept until the bucket is
+    /// full again, then the grace: what every build before the packed layout reads and
+    /// writes, so the default while they may run.
+    #[default]
+    Text,
+    /// Its two numbers packed after a tag byte (`numbers::packed_pair`), kept for the longest
+    /// the bucket can take to fill, then the grace (`decide_one::packed_expiry_ms`): nothing
+    /// for Redis to parse or format. Other layouts than `DecideOne` still write text.
+    Packed,
+}
+
 /// One call: `hits` (all in one slot, or with `node` on one node), and what to do with them.
 pub struct Call<'a> {
     pub op: Op<'a>,
@@ -175,6 +191,8 @@ pub struct Call<'a> {
     pub grace_ms: u64,
     /// How the call writes sliding windows (`--redis-sliding-window-layout`).
     pub sliding_window: SlidingWindowLayout,
+    /// How a lone hit writes a bucket (`--redis-bucket-layout`).
+    pub bucket: BucketLayout,
 }
 
 /// What a call answered.

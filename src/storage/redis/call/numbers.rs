@@ -154,47 +154,69 @@ pub fn state_from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State
     })
 }
 
-/// The state of a counter as Redis answered it: nil (no counter) or its numbers separated by
-/// spaces, each within `EXACT_BOUND` (Lua reads them as doubles: a larger one is not what Lua
-/// decided on).
+/// A bucket's two numbers as a lone hit writes them packed (`BucketLayout::Packed`;
+/// lua/state.lua, `PACKED_PAIR`): the tag byte 0xFF, which no text starts with, then each as
+/// a little-endian 64-bit integer. `None` for any other value.
+pub fn packed_pair(bytes: &[u8]) -> Option<[i64; 2]> {
+    let [0xFF, rest @ ..] = bytes else {
+        return None;
+    };
+    let (first, second) = rest.split_first_chunk::<8>()?;
+    let second = <[u8; 8]>::try_from(second).ok()?;
+    Some([i64::from_le_bytes(*first), i64::from_le_bytes(second)])
+}
+
+/// The state of a counter as Redis answered it: nil (no counter), its numbers separated by
+/// spaces or a bucket's packed (`packed_pair`), each within `EXACT_BOUND` (Lua reads them as
+/// doubles: a larger one is not what Lua decided on).
 pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, StoreError> {
     let malformed = || {
         let shown: String = format!("{reply:?}").chars().take(200).collect();
         StoreError::MalformedReply(format!("counter code answered {shown}"))
     };
-    let text = match reply {
+    let exact = |number: u64| {
+        Some(number)
+            .filter(|&number| u128::from(number) <= EXACT_BOUND)
+            .ok_or_else(malformed)
+    };
+    let integer = |number: i64| {
+        u64::try_from(number)
+            .map_err(|_| malformed())
+            .and_then(exact)
+    };
+    let text_numbers = |text: &str| -> Result<Vec<u64>, StoreError> {
+        // A sliding log whose every run was given back is stored empty.
+        if text.is_empty() {
+            return Ok(Vec::new());
+        }
+        text.split(' ')
+            .map(|number| {
+                number
+                    .parse::<u64>()
+                    .map_err(|_| malformed())
+                    .and_then(exact)
+            })
+            .collect()
+    };
+    let numbers = match reply {
         Value::Nil => return Ok(None),
         // A sliding window read in both its layouts: their sum, as its numbers.
-        Value::Array(values) => {
-            let numbers = values
-                .iter()
-                .map(|value| match value {
-                    Value::Int(number) => u64::try_from(*number)
-                        .ok()
-                        .filter(|&number| u128::from(number) <= EXACT_BOUND)
-                        .ok_or_else(malformed),
-                    _ => Err(malformed()),
-                })
-                .collect::<Result<Vec<u64>, StoreError>>()?;
-            return state_from_numbers(algorithm, &numbers)
-                .map(Some)
-                .ok_or_else(malformed);
-        }
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).map_err(|_| malformed())?,
-        Value::SimpleString(text) => text.as_str(),
+        Value::Array(values) => values
+            .iter()
+            .map(|value| match value {
+                Value::Int(number) => integer(*number),
+                _ => Err(malformed()),
+            })
+            .collect::<Result<Vec<u64>, StoreError>>()?,
+        Value::BulkString(bytes) => match packed_pair(bytes) {
+            Some(pair) => pair
+                .into_iter()
+                .map(integer)
+                .collect::<Result<Vec<u64>, StoreError>>()?,
+            None => text_numbers(std::str::from_utf8(bytes).map_err(|_| malformed())?)?,
+        },
+        Value::SimpleString(text) => text_numbers(text)?,
         _ => return Err(malformed()),
-    };
-    let number = |text: &str| match text.parse::<u64>() {
-        Ok(number) if u128::from(number) <= EXACT_BOUND => Ok(number),
-        _ => Err(malformed()),
-    };
-    // A sliding log whose every run was given back is stored empty.
-    let numbers = if text.is_empty() {
-        Vec::new()
-    } else {
-        text.split(' ')
-            .map(number)
-            .collect::<Result<Vec<u64>, StoreError>>()?
     };
     state_from_numbers(algorithm, &numbers)
         .map(Some)
@@ -246,6 +268,45 @@ mod tests {
             "a log given back entirely"
         );
         assert_eq!(state_of(gcra, &Value::Nil).unwrap(), None);
+    }
+
+    #[test]
+    fn a_bucket_packed_is_read_as_its_two_numbers_and_nothing_else_is() {
+        let gcra = Algorithm::Gcra { burst: 2 };
+        let packed = |first: i64, second: i64| {
+            let mut bytes = vec![0xFF];
+            bytes.extend(first.to_le_bytes());
+            bytes.extend(second.to_le_bytes());
+            bytes
+        };
+        assert_eq!(
+            state_of(gcra, &Value::BulkString(packed(1_700_000_000_000_123, 2))).unwrap(),
+            Some(State::Gcra(gcra::State {
+                tat: 1_700_000_000_000_123,
+                remainder: 2
+            }))
+        );
+        assert_eq!(packed_pair(&packed(-1, 7)), Some([-1, 7]));
+        for bytes in [
+            packed(-1, 7),
+            packed(1 << 53, 0),
+            packed(1, 2)[..16].to_vec(),
+            [packed(1, 2), vec![0]].concat(),
+            [&[0xFE][..], &packed(1, 2)[1..]].concat(),
+        ] {
+            assert!(
+                matches!(
+                    state_of(gcra, &Value::BulkString(bytes.clone())),
+                    Err(StoreError::MalformedReply(_))
+                ),
+                "{bytes:?}"
+            );
+        }
+        assert_eq!(
+            packed_pair(b"12345678901234 12"),
+            None,
+            "a text of 17 bytes"
+        );
     }
 
     #[test]

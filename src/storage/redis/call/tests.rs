@@ -34,6 +34,7 @@ fn call<'a>(op: Op<'a>, hits: &'a [Hit], node: Option<(&'a str, u16)>) -> Call<'
         prefix: "",
         grace_ms: 110,
         sliding_window: SlidingWindowLayout::Text,
+        bucket: BucketLayout::Text,
     }
 }
 

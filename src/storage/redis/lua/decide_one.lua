@@ -13,6 +13,8 @@
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
 --           hits, 1 with --count-denied else 0, tick (µs), grace (ms).
+-- ARGV[2]   a bucket's only, with --redis-bucket-layout packed: the expiry (ms, as text) its
+--           lone hit writes it packed with (state.lua, PACKED_PAIR).
 -- Returns   the counter's state as found (nil: none): as stored; a sliding window read in
 --           both its layouts, their sum as its numbers, or written as counters, its counts
 --           (window_counters.lua, decide_counted_window).
@@ -44,7 +46,9 @@ local function decide_one(keys, argv)
     return decide_window(keys[1], nil, now, limit, window, amount, charge, tick, grace)
   end
   local lone_hit = algorithm.lone_hit
-  if lone_hit and lone_hit(keys[1], raw, now, limit, window, parameter, amount, charge, tick, grace) then
+  if lone_hit
+      and lone_hit(keys[1], raw, now, limit, window, parameter, amount, charge, tick, grace, argv[2])
+  then
     return raw
   end
   local state = nil

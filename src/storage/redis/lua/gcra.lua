@@ -94,16 +94,15 @@ end
 -- path's tables and calls, which cost Redis a measurable share of the call
 -- (docs/performance.md). Returns false when `raw` is not a GCRA state, for the general path
 -- to deal with.
-function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick, grace)
+function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick, grace, packed)
   local ahead = 0
   if raw then
-    local tat, remainder = string_match(raw, '^(%d+) (%d+)$')
+    local tat, remainder = read_pair(raw)
     if tat == nil then
       return false
     end
-    tat = to_number(tat)
     if tat >= now then
-      ahead = (tat - now) * limit + min(to_number(remainder), limit - 1)
+      ahead = (tat - now) * limit + min(remainder, limit - 1)
     end
   end
   local tolerance = burst * window
@@ -112,13 +111,25 @@ function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick
       or (charge ~= 1 and not (amount <= burst and ahead + amount * window <= tolerance)) then
     return true
   end
-  local new_ahead = gcra_ahead_after(ahead, amount, window, burst, tolerance)
-  local whole = idiv(new_ahead, limit)
+  -- gcra_ahead_after and idiv written out for a hit within the burst: each call costs Redis
+  -- more than the arithmetic.
+  local new_ahead = ahead + amount * window
+  if new_ahead > tolerance then
+    new_ahead = gcra_ahead_after(ahead, amount, window, burst, tolerance)
+  end
+  local whole = (new_ahead - fmod(new_ahead, limit)) / limit
+  local tat, remainder = now + whole, new_ahead - whole * limit
+  -- Packed, unless ahead by more than a full burst (one lowered since), which lasts longer
+  -- than the expiry given.
+  if packed and new_ahead <= tolerance then
+    redis_call('SET', key, pack_numbers(PACKED_PAIR, PACKED_TAG, tat, remainder), 'PX', packed)
+    return true
+  end
   local reset_after = whole
   if whole * limit < new_ahead then
     reset_after = whole + 1
   end
-  redis_call('SET', key, string_format('%d %d', now + whole, new_ahead - whole * limit),
+  redis_call('SET', key, string_format('%d %d', tat, remainder),
     'PX', string_format('%d', ttl_ms(reset_after * tick, grace)))
   return true
 end

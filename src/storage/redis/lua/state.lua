@@ -1,6 +1,26 @@
 -- A counter's state as Redis stores it: its numbers (src/algorithm/state.rs, State::numbers)
 -- separated by spaces, under its key; a fixed window aligned on the epoch is one integer per
--- window, under its key with the window's number appended.
+-- window, under its key with the window's number appended. A bucket's two numbers, where a
+-- lone hit wrote them packed (`--redis-bucket-layout packed`; `lone_hit` in gcra.lua and
+-- token_bucket.lua), are PACKED_PAIR: a tag byte no text starts with, then each number as a
+-- little-endian 64-bit integer, kept for the expiry tollgate sends (the longest the bucket
+-- can take to fill, then the grace), so that Redis formats no number. Every path reads both
+-- forms; only a packed lone hit writes the packed one.
+local PACKED_PAIR, PACKED_TAG, PACKED_LENGTH = '<i1i8i8', -1, 17
+
+-- A state of two numbers, packed or as text: its numbers, or nil for any other value.
+local function read_pair(raw)
+  if #raw == PACKED_LENGTH then
+    local tag, a, b = unpack_numbers(PACKED_PAIR, raw)
+    if tag == PACKED_TAG then
+      return a, b
+    end
+  end
+  local a, b = string_match(raw, '^(%d+) (%d+)$')
+  if a then
+    return to_number(a), to_number(b)
+  end
+end
 
 -- The usual states, two or three numbers, are written by one format each; a sliding log's
 -- can hold thousands: more than one call can take.
@@ -8,9 +28,9 @@ local STATE_FORMATS = { '%d', '%d %d', '%d %d %d' }
 
 -- The usual states are taken apart by one match each; a sliding log's number by number.
 local function parse_state(raw)
-  local a, b = string_match(raw, '^(%d+) (%d+)$')
+  local a, b = read_pair(raw)
   if a then
-    return { to_number(a), to_number(b) }
+    return { a, b }
   end
   local c
   a, b, c = string_match(raw, '^(%d+) (%d+) (%d+)$')

@@ -78,16 +78,16 @@ end
 -- general path's tables and calls, which cost Redis a measurable share of the call
 -- (docs/performance.md). Returns false when `raw` is not a bucket's state, for the general
 -- path to deal with.
-function token_bucket.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick, grace)
+function token_bucket.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick, grace,
+    packed)
   local capacity = burst * window
   local level, updated = capacity, now
   if raw then
-    local found_level, found_updated = string_match(raw, '^(%d+) (%d+)$')
+    local found_level, found_updated = read_pair(raw)
     if found_level == nil then
       return false
     end
-    found_updated = to_number(found_updated)
-    level = min(to_number(found_level) + max(now - found_updated, 0) * limit, capacity)
+    level = min(found_level + max(now - found_updated, 0) * limit, capacity)
     updated = max(found_updated, now)
   end
   -- Compared by hits first: amount × window could pass 2^53.
@@ -98,6 +98,11 @@ function token_bucket.lone_hit(key, raw, now, limit, window, burst, amount, char
   local level_after = 0
   if amount <= burst then
     level_after = max(level - amount * window, 0)
+  end
+  if packed then
+    redis_call('SET', key, pack_numbers(PACKED_PAIR, PACKED_TAG, level_after, updated),
+      'PX', packed)
+    return true
   end
   redis_call('SET', key, string_format('%d %d', level_after, updated),
     'PX', string_format('%d', ttl_ms(div_ceil(capacity - level_after, limit) * tick, grace)))

@@ -129,10 +129,10 @@ pub struct StoreOptions {
     /// How a lone hit writes a `token_bucket` or `gcra` limit to Redis: `text`, its two
     /// numbers as text, as builds before this one read and write them; or `packed`, the two
     /// numbers packed, which costs Redis less per hit and keeps the counter for the longest
-    /// the bucket can take to fill (a full burst at its rate) rather than until it is full
-    /// again. Every replica reads both, so once none runs an earlier build, replicas can be
-    /// switched one at a time; an earlier build misreads `packed`, so switch back to `text`
-    /// before going back to one (docs/operations.md, "Upgrades").
+    /// the bucket can take to fill (a full burst at its rate), then the grace, rather than
+    /// until it is full again. Every replica reads both, so once none runs an earlier build,
+    /// replicas can be switched one at a time; an earlier build cannot read `packed`, so
+    /// switch back to `text` before going back to one (docs/operations.md, "Upgrades").
     #[arg(long, env = "TOLLGATE_REDIS_BUCKET_LAYOUT", value_enum, default_value_t = BucketLayout::Text)]
     pub redis_bucket_layout: BucketLayout,
 

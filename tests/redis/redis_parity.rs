@@ -424,7 +424,7 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
         tally.refunded,
         tally.client_refunds
     );
-    run_sequence(
+    let always = run_sequence(
         &mut connection,
         name,
         main,
@@ -434,7 +434,11 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
         11,
     )
     .await;
-    assert_eq!(tally.packed, 0, "{name}: text layouts never write packed");
+    assert_eq!(
+        tally.packed + always.packed,
+        0,
+        "{name}: text layouts never write packed"
+    );
     let bucket = matches!(
         main.algorithm,
         Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
@@ -451,12 +455,13 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
                 7,
             )
             .await;
-            // Packed by a lone hit (most steps), text after a give-back, a refund or a
-            // vetoed call, which write text in every layout.
+            // Packed by a lone hit (about 3,000 of the steps), text after a give-back, a
+            // refund or a vetoed call, which write text in every layout; mixed, by about half
+            // the lone hits.
             let packed = match writes {
                 _ if !bucket => 0..=0,
-                Writes::All(_) => 1_000..=4_000,
-                Writes::Mixed => 200..=3_000,
+                Writes::All(_) => 2_500..=3_500,
+                Writes::Mixed => 1_000..=2_000,
             };
             assert!(
                 packed.contains(&tally.packed),

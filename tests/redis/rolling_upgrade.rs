@@ -102,6 +102,8 @@ struct Upgrade {
     committed: Vec<(Micros, u64, Option<State>)>,
     now: Micros,
     calls: usize,
+    /// Calls after which a bucket was stored packed.
+    packed: usize,
 }
 
 impl Upgrade {
@@ -239,8 +241,10 @@ impl Upgrade {
             }
         }
         if self.params.algorithm != Algorithm::SlidingWindow {
+            let (numbers, packed) = stored(connection, self.hit.key.as_str()).await;
+            self.packed += usize::from(packed);
             assert_eq!(
-                stored(connection, self.hit.key.as_str()).await,
+                numbers,
                 self.state.as_ref().map(state_numbers),
                 "{context}: stored state"
             );
@@ -255,19 +259,27 @@ impl Upgrade {
     }
 }
 
-/// The numbers a counter holds, as text or packed.
-async fn stored(connection: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<Vec<u64>> {
+/// The numbers a counter holds, and whether they were packed.
+async fn stored(
+    connection: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+) -> (Option<Vec<u64>>, bool) {
     let value: Option<Vec<u8>> = redis::cmd("GET")
         .arg(key)
         .query_async(connection)
         .await
         .unwrap();
-    let value = value?;
+    let Some(value) = value else {
+        return (None, false);
+    };
     if let Some(pair) = packed_pair(&value) {
-        return Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec());
+        return (Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec()), true);
     }
     let text = std::str::from_utf8(&value).unwrap();
-    Some(text.split(' ').map(|n| n.parse().unwrap()).collect())
+    (
+        Some(text.split(' ').map(|n| n.parse().unwrap()).collect()),
+        false,
+    )
 }
 
 /// An upgrade of one limit of `params`, its calls drawn by `seed`.
@@ -300,6 +312,7 @@ fn upgrade(params: Params, seed: u64) -> Upgrade {
         committed: Vec::new(),
         now: START,
         calls: 0,
+        packed: 0,
     }
 }
 
@@ -319,6 +332,18 @@ async fn deploy_then_switch(
         for _ in 0..600 {
             upgrade.step(connection, replicas).await;
         }
+        // Packed only once a replica writes packed, and then by most lone hits.
+        let writes_packed = matches!(newer, Replica::This(_, BucketLayout::Packed));
+        let packed = match replicas {
+            [.., last] if writes_packed && *last == newer => 100..=600,
+            _ => 0..=0,
+        };
+        assert!(
+            packed.contains(&upgrade.packed),
+            "{replicas:?}: {} calls left the counter packed",
+            upgrade.packed
+        );
+        upgrade.packed = 0;
     }
 }
 

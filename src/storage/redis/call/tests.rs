@@ -180,3 +180,42 @@ fn a_sliding_window_is_written_as_counters_only_when_asked_and_its_counts_fit() 
     assert_eq!(text.code(&small[0].params), 2);
     assert_eq!(text.window_counter(&small[0]), None);
 }
+
+/// A packed bucket is kept for a full burst's fill at its rate, in whole ms, then the grace:
+/// what lua/state.lua's `ttl_ms` gives the emptiest bucket, in the same ticks.
+#[test]
+fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
+    let day = 86_400 * MICROS_PER_SECOND;
+    let bucket = |algorithm, requests, window| Params {
+        algorithm,
+        requests,
+        window,
+    };
+    let token_bucket = |burst| Algorithm::TokenBucket { burst };
+    let gcra = |burst| Algorithm::Gcra { burst };
+    let daily = bucket(token_bucket(3_000_001), 2_000_000, day);
+    assert_eq!(daily.tick(), Some(1_000), "counted in ms ticks");
+    let cases = [
+        // 3 tokens at 3 a second: 1 s.
+        (
+            bucket(token_bucket(3), 3, MICROS_PER_SECOND),
+            Some(1_000 + 110),
+        ),
+        // 7 hits at 3 in 10 s: 23.33… s, rounded up to the µs tick, then to the ms.
+        (
+            bucket(gcra(7), 3, 10 * MICROS_PER_SECOND),
+            Some(23_334 + 110),
+        ),
+        // 3,000,001 at 2,000,000 a day: 129,600,043.2 ms ticks, rounded up to the tick.
+        (daily, Some(129_600_044 + 110)),
+        (bucket(gcra(1), 0, MICROS_PER_SECOND), None),
+        (bucket(Algorithm::SlidingWindow, 3, MICROS_PER_SECOND), None),
+    ];
+    for (params, expiry) in cases {
+        assert_eq!(
+            decide_one::packed_expiry_ms(&params, 110),
+            expiry,
+            "{params:?}"
+        );
+    }
+}

@@ -8,11 +8,16 @@
 -- forms; only a packed lone hit writes the packed one.
 local PACKED_PAIR, PACKED_TAG, PACKED_LENGTH = '<i1i8i8', -1, 17
 
--- A state of two numbers, packed or as text: its numbers, or nil for any other value.
+-- A state of two numbers, packed or as text: its numbers, or nil for any other value. A
+-- packed number out of a state's range (no tollgate writes one) fails the call, as tollgate
+-- refuses it: read as anything else, its bytes would be taken for digits.
 local function read_pair(raw)
   if #raw == PACKED_LENGTH then
     local tag, a, b = unpack_numbers(PACKED_PAIR, raw)
     if tag == PACKED_TAG then
+      if a < 0 or b < 0 or a > MAX_COUNT or b > MAX_COUNT then
+        error('a packed state out of range')
+      end
       return a, b
     end
   end

@@ -9,6 +9,7 @@ pub mod redis_process;
 pub mod rlqs;
 pub mod rng;
 pub mod sliding_window;
+pub mod stored;
 pub mod xds;
 
 use std::io::{Read, Write};

@@ -15,7 +15,7 @@ use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
-use tollgate::storage::redis::call::numbers::{packed_pair, state_numbers};
+use tollgate::storage::redis::call::numbers::state_numbers;
 use tollgate::storage::redis::call::{self, BucketLayout, Call, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
@@ -128,23 +128,7 @@ async fn stored(
     } else {
         key.as_str().to_owned()
     };
-    let value: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(key)
-        .query_async(connection)
-        .await
-        .unwrap();
-    let Some(value) = value else {
-        return (None, false);
-    };
-    if let Some(pair) = packed_pair(&value) {
-        return (Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec()), true);
-    }
-    let numbers = std::str::from_utf8(&value)
-        .unwrap()
-        .split_whitespace()
-        .map(|n| n.parse().unwrap())
-        .collect();
-    (Some(numbers), false)
+    common::stored::numbers(connection, &key).await
 }
 
 /// The layouts a call writes a sliding window and a bucket in (the other algorithms have one).

@@ -17,7 +17,7 @@ use redis::Value;
 use tollgate::algorithm::{self, Algorithm, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::call::numbers::{packed_pair, state_numbers};
+use tollgate::storage::redis::call::numbers::state_numbers;
 use tollgate::storage::redis::call::{BucketLayout, Call, Layout, Op, Reply, SlidingWindowLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
@@ -241,7 +241,8 @@ impl Upgrade {
             }
         }
         if self.params.algorithm != Algorithm::SlidingWindow {
-            let (numbers, packed) = stored(connection, self.hit.key.as_str()).await;
+            let (numbers, packed) =
+                common::stored::numbers(connection, self.hit.key.as_str()).await;
             self.packed += usize::from(packed);
             assert_eq!(
                 numbers,
@@ -257,29 +258,6 @@ impl Upgrade {
             "{context}: stored counts in window {newest} and the one before"
         );
     }
-}
-
-/// The numbers a counter holds, and whether they were packed.
-async fn stored(
-    connection: &mut redis::aio::MultiplexedConnection,
-    key: &str,
-) -> (Option<Vec<u64>>, bool) {
-    let value: Option<Vec<u8>> = redis::cmd("GET")
-        .arg(key)
-        .query_async(connection)
-        .await
-        .unwrap();
-    let Some(value) = value else {
-        return (None, false);
-    };
-    if let Some(pair) = packed_pair(&value) {
-        return (Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec()), true);
-    }
-    let text = std::str::from_utf8(&value).unwrap();
-    (
-        Some(text.split(' ').map(|n| n.parse().unwrap()).collect()),
-        false,
-    )
 }
 
 /// An upgrade of one limit of `params`, its calls drawn by `seed`.

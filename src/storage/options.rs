@@ -131,8 +131,9 @@ pub struct StoreOptions {
     /// numbers packed, which costs Redis less per hit and keeps the counter for the longest
     /// the bucket can take to fill (a full burst at its rate), then the grace, rather than
     /// until it is full again. Every replica reads both, so once none runs an earlier build,
-    /// replicas can be switched one at a time; an earlier build cannot read `packed`, so
-    /// switch back to `text` before going back to one (docs/operations.md, "Upgrades").
+    /// replicas can be switched one at a time; an earlier build misreads `packed` (it can
+    /// over-admit), so switch back to `text` before going back to one (docs/operations.md,
+    /// "Upgrades").
     #[arg(long, env = "TOLLGATE_REDIS_BUCKET_LAYOUT", value_enum, default_value_t = BucketLayout::Text)]
     pub redis_bucket_layout: BucketLayout,
 

@@ -780,8 +780,9 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
     let ttl = server.query(&["PTTL", &key]).parse::<i64>().unwrap();
     assert!((64_000..=65_000).contains(&ttl), "{ttl}");
 
-    // A packed number no tollgate writes (past 2^52) fails the call and changes nothing: read
-    // as anything else, its bytes are the digits 11111111, a TAT long past.
+    // A packed number no tollgate writes (past 2^52) fails the call and changes nothing: taken
+    // as it stands (a TAT of 5, long past), or its bytes as the digits 11111111, the hit would
+    // be admitted and the bucket rewritten.
     let out_of_range = [&[0xFF][..], &5_i64.to_le_bytes(), b"11111111"].concat();
     let _: () = redis::cmd("SET")
         .arg(&key)

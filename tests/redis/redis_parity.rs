@@ -439,9 +439,9 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
                 7,
             )
             .await;
-            // Packed by a lone hit (about 3,000 of the steps), text after a give-back, a
-            // refund or a vetoed call, which write text in every layout; mixed, by about half
-            // the lone hits.
+            // Steps after which the counter is packed: written so by a lone hit (most steps),
+            // text again after a give-back, a refund or a vetoed call, which write text in
+            // every layout; mixed, packed by about half the lone hits.
             let packed = match writes {
                 _ if !bucket => 0..=0,
                 Writes::All(_) => 2_500..=3_500,

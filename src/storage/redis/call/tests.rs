@@ -195,6 +195,12 @@ fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
     let gcra = |burst| Algorithm::Gcra { burst };
     let daily = bucket(token_bucket(3_000_001), 2_000_000, day);
     assert_eq!(daily.tick(), Some(1_000), "counted in ms ticks");
+    let huge = bucket(token_bucket(100_000_000), 7, day);
+    assert_eq!(
+        huge.tick(),
+        Some(MICROS_PER_SECOND),
+        "counted in second ticks"
+    );
     let cases = [
         // 3 tokens at 3 a second: 1 s.
         (
@@ -208,6 +214,9 @@ fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
         ),
         // 3,000,001 at 2,000,000 a day: 129,600,043.2 ms ticks, rounded up to the tick.
         (daily, Some(129_600_044 + 110)),
+        // 100,000,000 at 7 a day: 1,234,285,714,285.7 s ticks, rounded up to the tick (in µs,
+        // 1,234,285,714,285,715 ms).
+        (huge, Some(1_234_285_714_286_000 + 110)),
         (bucket(gcra(1), 0, MICROS_PER_SECOND), None),
         (bucket(Algorithm::SlidingWindow, 3, MICROS_PER_SECOND), None),
     ];

@@ -119,8 +119,9 @@ function gcra.lone_hit(key, raw, now, limit, window, burst, amount, charge, tick
   end
   local whole = (new_ahead - fmod(new_ahead, limit)) / limit
   local tat, remainder = now + whole, new_ahead - whole * limit
-  -- Packed, unless ahead by more than a full burst (the burst lowered or the limit raised
-  -- since, or a hit decided late), which lasts longer than the expiry given.
+  -- Packed, unless ahead by more than a full burst (a denied hit counted under
+  -- --count-denied, on a burst lowered or a limit raised since, or hits decided late), which
+  -- lasts longer than the expiry given.
   if packed and new_ahead <= tolerance then
     redis_call('SET', key, pack_numbers(PACKED_PAIR, PACKED_TAG, tat, remainder), 'PX', packed)
     return true

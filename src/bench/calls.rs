@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::algorithm::{Algorithm, Anchor, Charge, Params};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::keys::{EntryValue, counter_key};
-use crate::storage::redis::call::{BucketLayout, Call, Layout, Op, SlidingWindowLayout};
+use crate::storage::redis::call::{Call, Layout, Op, SlidingWindowLayout, StateLayout};
 use crate::storage::redis::connection::call_as;
 use crate::storage::{Hit, Role};
 
@@ -30,7 +30,7 @@ pub struct CallsArgs {
     /// What to send: `floor`, or the algorithm of every hit (`fixed_window`,
     /// `fixed_window_first_hit`, `sliding_window`, `sliding_window_counters` (written in the
     /// counters layout), `sliding_log`, `token_bucket`, `gcra`, and `token_bucket_packed`,
-    /// `gcra_packed` (written packed).
+    /// `gcra_packed`, `sliding_log_packed` (written packed).
     #[arg(long, default_value = "fixed_window")]
     pub call: String,
 
@@ -126,7 +126,7 @@ enum Shape {
 #[derive(Clone, Copy, Default)]
 struct Writes {
     sliding_window: SlidingWindowLayout,
-    bucket: BucketLayout,
+    state_layout: StateLayout,
 }
 
 impl Shape {
@@ -139,12 +139,16 @@ impl Shape {
                 Algorithm::SlidingWindow
             }
             "token_bucket_packed" => {
-                writes.bucket = BucketLayout::Packed;
+                writes.state_layout = StateLayout::Packed;
                 Algorithm::TokenBucket { burst: args.limit }
             }
             "gcra_packed" => {
-                writes.bucket = BucketLayout::Packed;
+                writes.state_layout = StateLayout::Packed;
                 Algorithm::Gcra { burst: args.limit }
+            }
+            "sliding_log_packed" => {
+                writes.state_layout = StateLayout::Packed;
+                Algorithm::SlidingLog { min_interval: 0 }
             }
             "fixed_window_first_hit" => Algorithm::FixedWindow {
                 anchor: Anchor::FirstHit,
@@ -271,7 +275,7 @@ fn call(hits: &[Hit], grace_ms: u64, writes: Writes) -> Call<'_> {
         prefix: "",
         grace_ms,
         sliding_window: writes.sliding_window,
-        bucket: writes.bucket,
+        state_layout: writes.state_layout,
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::builder::{BoolishValueParser, TypedValueParser};
 
-use super::redis::call::{BucketLayout, SlidingWindowLayout};
+use super::redis::call::{SlidingWindowLayout, StateLayout};
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
 use crate::algorithm::Charge;
 use crate::clock::Clock;
@@ -126,16 +126,17 @@ pub struct StoreOptions {
     #[arg(long, env = "TOLLGATE_REDIS_SLIDING_WINDOW_LAYOUT", value_enum, default_value_t = SlidingWindowLayout::Text)]
     pub redis_sliding_window_layout: SlidingWindowLayout,
 
-    /// How a lone hit writes a `token_bucket` or `gcra` limit to Redis: `text`, its two
-    /// numbers as text, as builds before this one read and write them; or `packed`, the two
-    /// numbers packed, which costs Redis less per hit and keeps the counter for the longest
-    /// the bucket can take to fill (a full burst at its rate), then the grace, rather than
-    /// until it is full again. Every replica reads both, so once none runs an earlier build,
-    /// replicas can be switched one at a time; an earlier build misreads `packed` (it can
-    /// over-admit), so switch back to `text` before going back to one (docs/operations.md,
-    /// "Upgrades").
-    #[arg(long, env = "TOLLGATE_REDIS_BUCKET_LAYOUT", value_enum, default_value_t = BucketLayout::Text)]
-    pub redis_bucket_layout: BucketLayout,
+    /// How a lone hit writes a `token_bucket`, a `gcra` or a `sliding_log` limit (of up to 64
+    /// a window) to Redis: `text`, its numbers as text, as builds before this one read and
+    /// write them; or `packed`, its numbers packed, which costs Redis less per hit (a bucket
+    /// is then kept for the longest it can take to fill, a full burst at its rate, then the
+    /// grace, rather than until it is full again; a log as long as in text). Every replica
+    /// reads both, so once none runs an earlier build, replicas can be switched one at a time;
+    /// an earlier build cannot read `packed` (some of its calls fail, others misread it and
+    /// can over-admit), so switch back to `text` before going back to one
+    /// (docs/operations.md, "Upgrades").
+    #[arg(long, env = "TOLLGATE_REDIS_STATE_LAYOUT", value_enum, default_value_t = StateLayout::Text)]
+    pub redis_state_layout: StateLayout,
 
     /// Hits a second on one counter, seen by this replica, from which a leased counter's
     /// budget is leased.

@@ -1,7 +1,7 @@
 //! A counter's state as Redis holds it under its key, in either form a state is written in: as
-//! text, or a bucket's two numbers packed (`BucketLayout::Packed`).
+//! text, or packed (`StateLayout::Packed`: a bucket's two numbers, a sliding log's runs).
 
-use tollgate::storage::redis::call::numbers::packed_pair;
+use tollgate::storage::redis::call::numbers::packed_numbers;
 
 /// The numbers `key` holds (none: no counter), and whether they were packed.
 pub async fn numbers(
@@ -16,8 +16,9 @@ pub async fn numbers(
     let Some(value) = value else {
         return (None, false);
     };
-    if let Some(pair) = packed_pair(&value) {
-        return (Some(pair.map(|n| u64::try_from(n).unwrap()).to_vec()), true);
+    if let Some(numbers) = packed_numbers(&value) {
+        let numbers = numbers.into_iter().map(|n| u64::try_from(n).unwrap());
+        return (Some(numbers.collect()), true);
     }
     let numbers = std::str::from_utf8(&value)
         .unwrap()

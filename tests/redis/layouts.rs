@@ -21,7 +21,7 @@ use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::memory::MemoryStore;
 use tollgate::storage::redis::call::numbers::{is_counter, state_from_numbers, window_start};
-use tollgate::storage::redis::call::{BucketLayout, Call, Layout, Op, Reply, SlidingWindowLayout};
+use tollgate::storage::redis::call::{Call, Layout, Op, Reply, SlidingWindowLayout, StateLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::rule;
 use tollgate::storage::{CounterStore, Hit, Role};
@@ -337,7 +337,7 @@ async fn run(
                 prefix: "",
                 grace_ms: 3_600_000,
                 sliding_window: sequence.sliding_window_layout(),
-                bucket: BucketLayout::Text,
+                state_layout: StateLayout::Text,
             };
             let reply = call_on(connection, &call)
                 .await
@@ -381,7 +381,7 @@ async fn run(
             prefix: "",
             grace_ms: 3_600_000,
             sliding_window: sequence.sliding_window_layout(),
-            bucket: BucketLayout::Text,
+            state_layout: StateLayout::Text,
         };
         let layout = Layout::of(&call);
         *used.entry((layout, cross_slot)).or_default() += 1;
@@ -522,7 +522,7 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
             prefix: "",
             grace_ms: 3_600_000,
             sliding_window: SlidingWindowLayout::Text,
-            bucket: BucketLayout::Text,
+            state_layout: StateLayout::Text,
         };
         assert_eq!(Layout::of(&call), Layout::Count);
         let (first, second) = (call.key(&hits[0]), call.key(&hits[1]));
@@ -548,7 +548,7 @@ fn lone_call(hits: &[Hit], now: Micros) -> Call<'_> {
         prefix: "",
         grace_ms: 60_000,
         sliding_window: SlidingWindowLayout::Text,
-        bucket: BucketLayout::Text,
+        state_layout: StateLayout::Text,
     }
 }
 
@@ -696,7 +696,7 @@ async fn a_bucket_s_expiry_is_when_it_is_full_again_then_the_grace() {
     }
 }
 
-/// A bucket written packed (`BucketLayout::Packed`) holds the numbers the text would, after
+/// A bucket written packed (`StateLayout::Packed`) holds the numbers the text would, after
 /// the tag byte, and is kept for the longest the bucket can take to fill, then the grace; a
 /// replica writing text reads it and writes text, one writing packed reads the text. GCRA
 /// ahead by more than its burst (one lowered since) is written as text with its own expiry.
@@ -728,18 +728,18 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
         let key = lone_call(&one, START).key(&one[0]);
         let ttl = || server.query(&["PTTL", &key]).parse::<i64>().unwrap();
         let at = |now, bucket| Call {
-            bucket,
+            state_layout: bucket,
             ..lone_call(&one, now)
         };
         let steps = [
-            (START, BucketLayout::Packed, first, 61_000),
+            (START, StateLayout::Packed, first, 61_000),
             (
                 START + SECOND / 10,
-                BucketLayout::Text,
+                StateLayout::Text,
                 second.0.as_bytes().to_vec(),
                 second.1,
             ),
-            (START + SECOND / 2, BucketLayout::Packed, third, 61_000),
+            (START + SECOND / 2, StateLayout::Packed, third, 61_000),
         ];
         for (now, bucket, stored, expiry) in steps {
             let call = at(now, bucket);
@@ -771,7 +771,7 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
     server.query(&["SET", &key, &ahead]);
     let counted = Call {
         charge: Charge::Always,
-        bucket: BucketLayout::Packed,
+        state_layout: StateLayout::Packed,
         ..lone_call(&one, START)
     };
     let reply = call_on(&mut connection, &counted).await.unwrap();
@@ -797,6 +797,132 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
         .await
         .unwrap();
     assert_eq!(value, out_of_range);
+}
+
+/// A sliding log written packed (`StateLayout::Packed`) holds its runs after the tag byte, kept
+/// as its text is (the window, then the grace); a replica writing text reads it and writes
+/// text, one writing packed reads the text. A run exactly a window old has left; hits past the
+/// limit, counted, drop the oldest.
+#[tokio::test]
+async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() {
+    fn packed(runs: &[(u64, u64)]) -> Vec<u8> {
+        let numbers = runs.iter().flat_map(|&(at, hits)| [at, hits]);
+        [vec![0xFE], numbers.flat_map(u64::to_le_bytes).collect()].concat()
+    }
+    let text = |runs: &[(u64, u64)]| {
+        let numbers: Vec<String> = runs
+            .iter()
+            .flat_map(|&(at, hits)| [at.to_string(), hits.to_string()])
+            .collect();
+        numbers.join(" ").into_bytes()
+    };
+    let (server, mut connection) = connected().await;
+    // Counter 4: 4 hits in 10 s, in µs ticks; kept 10 s, then the grace of 60 s.
+    let sequence = Sequence::named("log-packed");
+    let call = |now, hits, state_layout, charge| {
+        let one = vec![sequence.hit(4, 0, hits, Role::Enforced)];
+        (now, one, state_layout, charge)
+    };
+    let (packed_by, text_by) = (StateLayout::Packed, StateLayout::Text);
+    let counted = Charge::Always;
+    let checked = Charge::IfAllowed;
+    let s = START;
+    let steps = [
+        (call(s, 1, packed_by, checked), true, packed(&[(s, 1)])),
+        (
+            call(s + SECOND, 1, packed_by, checked),
+            true,
+            packed(&[(s, 1), (s + SECOND, 1)]),
+        ),
+        (
+            call(s + SECOND, 2, packed_by, checked),
+            true,
+            packed(&[(s, 1), (s + SECOND, 3)]),
+        ),
+        // The first run ends exactly now.
+        (
+            call(s + 10 * SECOND, 1, text_by, checked),
+            true,
+            text(&[(s + SECOND, 3), (s + 10 * SECOND, 1)]),
+        ),
+        (
+            call(s + 23 * SECOND / 2, 1, packed_by, checked),
+            true,
+            packed(&[(s + 10 * SECOND, 1), (s + 23 * SECOND / 2, 1)]),
+        ),
+        (
+            call(s + 20 * SECOND, 1, packed_by, checked),
+            true,
+            packed(&[(s + 23 * SECOND / 2, 1), (s + 20 * SECOND, 1)]),
+        ),
+        // From a replica whose clock is behind: at the newest run's instant.
+        (
+            call(s + 19 * SECOND, 1, packed_by, checked),
+            true,
+            packed(&[(s + 23 * SECOND / 2, 1), (s + 20 * SECOND, 2)]),
+        ),
+        // Denied and counted: 6 hits in the log, the oldest 2 go.
+        (
+            call(s + 20 * SECOND, 3, packed_by, counted),
+            false,
+            packed(&[(s + 20 * SECOND, 4)]),
+        ),
+        (
+            call(s + 30 * SECOND, 1, text_by, checked),
+            true,
+            text(&[(s + 30 * SECOND, 1)]),
+        ),
+    ];
+    let mut key = String::new();
+    for ((now, one, state_layout, charge), allowed, stored) in steps {
+        let call = Call {
+            state_layout,
+            charge,
+            ..lone_call(&one, now)
+        };
+        assert_eq!(Layout::of(&call), Layout::DecideOne);
+        key = call.key(&one[0]);
+        let reply = call_on(&mut connection, &call).await.unwrap();
+        assert_eq!(reply.outcomes[0].allowed, allowed, "at {now}");
+        let value: Vec<u8> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(value, stored, "at {now} by {state_layout:?}");
+        let ttl = server.query(&["PTTL", &key]).parse::<i64>().unwrap();
+        assert!((69_600..=70_000).contains(&ttl), "at {now}: {ttl}");
+    }
+
+    // A packed number no tollgate writes (past 2^52), in the newest run or another, fails the
+    // call and changes nothing.
+    for (out_of_range, state_layout) in [
+        (packed(&[(1 << 53, 1)]), packed_by),
+        (packed(&[(s, 1 << 53), (s + SECOND, 1)]), packed_by),
+        (packed(&[(s, 1), (s + SECOND, 1 << 53)]), text_by),
+    ] {
+        let _: () = redis::cmd("SET")
+            .arg(&key)
+            .arg(&out_of_range)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let one = [sequence.hit(4, 0, 1, Role::Enforced)];
+        let call = Call {
+            state_layout,
+            ..lone_call(&one, s + 40 * SECOND)
+        };
+        assert!(
+            call_on(&mut connection, &call).await.is_err(),
+            "{state_layout:?}"
+        );
+        let value: Vec<u8> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(value, out_of_range);
+    }
 }
 
 /// A sliding window's text of a later window than the hit's (written by a replica whose

@@ -15,8 +15,9 @@ use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
+use tollgate::storage::redis::call::LONGEST_LOG;
 use tollgate::storage::redis::call::numbers::state_numbers;
-use tollgate::storage::redis::call::{self, BucketLayout, Call, SlidingWindowLayout};
+use tollgate::storage::redis::call::{self, Call, SlidingWindowLayout, StateLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -52,7 +53,7 @@ struct Tally {
     vetoed: u64,
     refunded: u64,
     client_refunds: u64,
-    /// Steps after which the counter was stored packed (`BucketLayout::Packed`).
+    /// Steps after which the counter was stored packed (`StateLayout::Packed`).
     packed: u64,
 }
 
@@ -135,19 +136,19 @@ async fn stored(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Layouts {
     sliding_window: SlidingWindowLayout,
-    bucket: BucketLayout,
+    state_layout: StateLayout,
 }
 
 /// Every layout as the builds before them wrote.
 const TEXT: Layouts = Layouts {
     sliding_window: SlidingWindowLayout::Text,
-    bucket: BucketLayout::Text,
+    state_layout: StateLayout::Text,
 };
 
 /// Every layout but text.
 const NEWER: Layouts = Layouts {
     sliding_window: SlidingWindowLayout::Counters,
-    bucket: BucketLayout::Packed,
+    state_layout: StateLayout::Packed,
 };
 
 /// How a sequence's calls write.
@@ -198,7 +199,7 @@ async fn apply(
         prefix: "",
         grace_ms: 3_600_000,
         sliding_window: layouts.sliding_window,
-        bucket: layouts.bucket,
+        state_layout: layouts.state_layout,
     };
     call_on(connection, &call)
         .await
@@ -295,7 +296,7 @@ async fn run_sequence(
                 prefix: "",
                 grace_ms: 3_600_000,
                 sliding_window: layouts.sliding_window,
-                bucket: layouts.bucket,
+                state_layout: layouts.state_layout,
             };
             call_on(connection, &call)
                 .await
@@ -423,10 +424,13 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
         0,
         "{name}: text layouts never write packed"
     );
-    let bucket = matches!(
-        main.algorithm,
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. }
-    );
+    // Whose lone hits write packed: a bucket's, a sliding log's of a limit that small.
+    let packs = match main.algorithm {
+        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => true,
+        Algorithm::SlidingLog { .. } => main.requests <= LONGEST_LOG,
+        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => false,
+    };
+    let log = matches!(main.algorithm, Algorithm::SlidingLog { .. });
     for &writes in [state].iter().chain(more) {
         if writes != state {
             let tally = run_sequence(
@@ -441,9 +445,11 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
             .await;
             // Steps after which the counter is packed: written so by a lone hit (most steps),
             // text again after a give-back, a refund or a vetoed call, which write text in
-            // every layout; mixed, packed by about half the lone hits.
+            // every layout; mixed, packed by about half the lone hits. A log denies more of
+            // them, which write nothing.
             let packed = match writes {
-                _ if !bucket => 0..=0,
+                _ if !packs => 0..=0,
+                Writes::All(_) if log => 2_100..=3_100,
                 Writes::All(_) => 2_500..=3_500,
                 Writes::Mixed => 1_000..=2_000,
             };
@@ -532,14 +538,20 @@ async fn sliding_log() {
     let gapped = Algorithm::SlidingLog {
         min_interval: 2 * SECOND,
     };
+    let gap_past_window = Algorithm::SlidingLog {
+        min_interval: 15 * SECOND,
+    };
     parity(
         "sliding_log",
         params(plain, 5, 10 * SECOND),
         &[
             params(gapped, 4, 10 * SECOND),
+            // The newest run outlives the window for the gap: admitted hits drop older ones.
+            params(gap_past_window, 2, 10 * SECOND),
+            params(plain, 0, SECOND),
             params(plain, 200, 60 * SECOND),
         ],
-        &[],
+        &[Writes::All(NEWER), Writes::Mixed],
     )
     .await;
 }

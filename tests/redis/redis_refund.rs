@@ -12,7 +12,7 @@ use tollgate::algorithm::State;
 use tollgate::algorithm::{Algorithm, Charge, Params};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
-use tollgate::storage::redis::call::{BucketLayout, Call, Op, Reply, SlidingWindowLayout};
+use tollgate::storage::redis::call::{Call, Op, Reply, SlidingWindowLayout, StateLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{Hit, Role};
 
@@ -51,7 +51,7 @@ async fn send(
         prefix: "",
         grace_ms: 3_600_000,
         sliding_window: SlidingWindowLayout::Text,
-        bucket: BucketLayout::Text,
+        state_layout: StateLayout::Text,
     };
     call_on(connection, &call).await.unwrap()
 }

@@ -16,7 +16,7 @@ use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::options::{LeaseMode, StoreOptions};
 use tollgate::storage::redis::call::numbers::WINDOW_COUNTS;
-use tollgate::storage::redis::call::{BucketLayout, Call, Layout, Op, SlidingWindowLayout};
+use tollgate::storage::redis::call::{Call, Layout, Op, SlidingWindowLayout, StateLayout};
 use tollgate::storage::redis::connection::call_on;
 use tollgate::storage::{CounterReset, CounterStore};
 use tollgate::storage::{Hit, Role};
@@ -87,7 +87,7 @@ async fn a_hit_decided_late_counts_in_the_window_begun_after_it() {
                 prefix: "",
                 grace_ms: 3_600_000,
                 sliding_window: SlidingWindowLayout::Counters,
-                bucket: BucketLayout::Text,
+                state_layout: StateLayout::Text,
             };
             let expected = if beside.is_some() {
                 Layout::Apply
@@ -173,7 +173,7 @@ async fn a_limit_raised_past_what_a_counter_holds_fails_while_counted() {
         prefix: "",
         grace_ms: 3_600_000,
         sliding_window,
-        bucket: BucketLayout::Text,
+        state_layout: StateLayout::Text,
     };
     let small: &'static [Hit] = Vec::leak(vec![hit("raised", params(100), 0)]);
     let large: &'static [Hit] = Vec::leak(vec![hit("raised", params(WINDOW_COUNTS), 0)]);

@@ -215,7 +215,7 @@ impl RedisStore {
         }
         let (connection, prefix) = (connection.clone(), self.options.key_prefix.clone());
         let sliding_window = self.options.redis_sliding_window_layout;
-        let bucket = self.options.redis_bucket_layout;
+        let state_layout = self.options.redis_state_layout;
         let task = tokio::spawn(async move {
             let calls = refunds.iter().map(|refund| {
                 let call = Call {
@@ -231,7 +231,7 @@ impl RedisStore {
                     // A refund never creates a counter (it keeps the found one's expiry).
                     grace_ms: 0,
                     sliding_window,
-                    bucket,
+                    state_layout,
                 };
                 let connection = &connection;
                 async move { connection.call(&call).await }

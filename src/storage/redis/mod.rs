@@ -165,7 +165,7 @@ impl RedisStore {
             prefix: &self.options.key_prefix,
             grace_ms: self.grace_ms(),
             sliding_window: self.options.redis_sliding_window_layout,
-            bucket: self.options.redis_bucket_layout,
+            state_layout: self.options.redis_state_layout,
         }
     }
 }

@@ -8,7 +8,7 @@
 use redis::{Cmd, Value};
 
 use super::numbers::{n, packed, state_of, tick, window_counts};
-use super::{BucketLayout, Call, Reply};
+use super::{Call, Reply, StateLayout};
 use crate::algorithm::{Algorithm, Charge, Params};
 use crate::storage::{StoreError, rule};
 
@@ -48,30 +48,36 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
         ])
         .as_slice(),
     );
-    if call.bucket == BucketLayout::Packed
+    if call.state_layout == StateLayout::Packed
         && let Some(expiry) = packed_expiry_ms(params, call.grace_ms)
     {
         command.arg(expiry.to_string());
     }
 }
 
-/// The expiry a bucket's lone hit writes it packed with (`BucketLayout::Packed`): the longest
-/// it can take to fill, a full burst at the limit's rate, in whole ms, then the grace. Worked
-/// out here once per call, so that Redis formats no number. `None`: not a bucket, or a limit
-/// of 0, which never writes.
+/// The expiry a lone hit writes its state packed with (`StateLayout::Packed`), worked out here
+/// once per call so that Redis formats no number; then the grace. `None`: a limit of 0 (a
+/// bucket's never writes), or an algorithm never written packed.
+/// - A bucket: the longest it can take to fill, a full burst at the limit's rate, in whole ms.
+/// - A sliding log: exactly what the text layout writes, as every write of a lone hit leaves
+///   its newest run at the instant decided: the longer of the window and the minimum interval.
 pub fn packed_expiry_ms(params: &Params, grace_ms: u64) -> Option<u64> {
-    let (Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst }) = params.algorithm else {
-        return None;
-    };
-    if params.requests == 0 {
-        return None;
-    }
     let tick = tick(params);
-    let window = u128::from((params.window / tick).max(1));
-    let fill =
-        (u128::from(burst) * window).div_ceil(u128::from(params.requests)) * u128::from(tick);
-    let fill_ms = u64::try_from(fill.div_ceil(1000).max(1)).ok()?;
-    fill_ms.checked_add(grace_ms)
+    let window = (params.window / tick).max(1);
+    let kept = match params.algorithm {
+        Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => {
+            if params.requests == 0 {
+                return None;
+            }
+            (u128::from(burst) * u128::from(window)).div_ceil(u128::from(params.requests))
+        }
+        Algorithm::SlidingLog { .. } => {
+            u128::from(window.max(params.algorithm.parameter_in_ticks(tick)))
+        }
+        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => return None,
+    };
+    let kept_ms = u64::try_from((kept * u128::from(tick)).div_ceil(1000).max(1)).ok()?;
+    kept_ms.checked_add(grace_ms)
 }
 
 pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {

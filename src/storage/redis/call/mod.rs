@@ -25,6 +25,7 @@ pub mod numbers;
 use crate::algorithm::{Algorithm, Charge, Outcome, Params, State};
 use crate::clock::Micros;
 use crate::storage::{Hit, StoreError};
+pub use decide_one::LONGEST_LOG;
 use numbers::{is_counter, window_number};
 
 /// How a call's hits go over the wire and come back.
@@ -154,19 +155,21 @@ pub enum SlidingWindowLayout {
     Counters,
 }
 
-/// How a lone hit writes a token bucket or a GCRA limit to Redis (`--redis-bucket-layout`).
-/// Every path reads both, so replicas writing either share a counter exactly: the layout can
-/// be switched one replica at a time once none runs a build that reads only text.
+/// How a lone hit (`Layout::DecideOne`) writes a token bucket, a GCRA limit or a sliding log
+/// to Redis (`--redis-state-layout`). Every path reads both, so replicas writing either share
+/// a counter exactly: the layout can be switched one replica at a time once none runs a build
+/// that reads only text.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum BucketLayout {
-    /// Its two numbers as text (`level updated`, `tat remainder`), kept until the bucket is
-    /// full again, then the grace: what every build before the packed layout reads and
-    /// writes, so the default while they may run.
+pub enum StateLayout {
+    /// Its numbers as text (`level updated`, `tat remainder`, `at hits at hits …`), kept until
+    /// its limit is fully available again, then the grace: what every build before the packed
+    /// layout reads and writes, so the default while they may run.
     #[default]
     Text,
-    /// Its two numbers packed after a tag byte (`numbers::packed_pair`), kept for the longest
-    /// the bucket can take to fill, then the grace (`decide_one::packed_expiry_ms`): nothing
-    /// for Redis to parse or format. Other layouts than `DecideOne` still write text.
+    /// Its numbers packed after a tag byte (`numbers::packed_numbers`), nothing for Redis to
+    /// parse or format, with an expiry tollgate works out (`decide_one::packed_expiry_ms`): a
+    /// bucket's, the longest it can take to fill, then the grace; a log's, its text's. Other
+    /// layouts than `DecideOne` still write text.
     Packed,
 }
 
@@ -191,8 +194,8 @@ pub struct Call<'a> {
     pub grace_ms: u64,
     /// How the call writes sliding windows (`--redis-sliding-window-layout`).
     pub sliding_window: SlidingWindowLayout,
-    /// How a lone hit writes a bucket (`--redis-bucket-layout`).
-    pub bucket: BucketLayout,
+    /// How a lone hit writes a bucket or a sliding log (`--redis-state-layout`).
+    pub state_layout: StateLayout,
 }
 
 /// What a call answered.

@@ -3,6 +3,7 @@
 
 use redis::Value;
 
+use super::LONGEST_LOG;
 use crate::algorithm::{
     Algorithm, Anchor, EXACT_BOUND, Params, State, fixed_window, gcra, sliding_log, sliding_window,
     token_bucket,
@@ -154,20 +155,29 @@ pub fn state_from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State
     })
 }
 
-/// A bucket's two numbers as a lone hit writes them packed (`BucketLayout::Packed`;
-/// lua/state.lua, `PACKED_PAIR`): the tag byte 0xFF, which no text starts with, then each as
-/// a little-endian 64-bit integer. `None` for any other value.
-pub fn packed_pair(bytes: &[u8]) -> Option<[i64; 2]> {
-    let [0xFF, rest @ ..] = bytes else {
-        return None;
+/// A state as a lone hit writes it packed (`StateLayout::Packed`; lua/state.lua): a tag byte
+/// no text starts with, then each number as a little-endian 64-bit integer. The tag says the
+/// shape: 0xFF, a bucket's two numbers (`PACKED_PAIR`); 0xFE, a sliding log's runs, two
+/// numbers each (`PACKED_LOG`), at most `LONGEST_LOG` of them (no other log takes lone hits).
+/// `None` for any other value.
+pub fn packed_numbers(bytes: &[u8]) -> Option<Vec<i64>> {
+    let (&tag, numbers) = bytes.split_first()?;
+    let fits = match tag {
+        0xFF => numbers.len() == 16,
+        0xFE => numbers.len().is_multiple_of(16) && numbers.len() as u64 <= 16 * LONGEST_LOG,
+        _ => false,
     };
-    let (first, second) = rest.split_first_chunk::<8>()?;
-    let second = <[u8; 8]>::try_from(second).ok()?;
-    Some([i64::from_le_bytes(*first), i64::from_le_bytes(second)])
+    if !fits {
+        return None;
+    }
+    numbers
+        .chunks_exact(8)
+        .map(|number| number.first_chunk().map(|bytes| i64::from_le_bytes(*bytes)))
+        .collect()
 }
 
 /// The state of a counter as Redis answered it: nil (no counter), its numbers separated by
-/// spaces or a bucket's packed (`packed_pair`), each within `EXACT_BOUND` (Lua reads them as
+/// spaces or packed (`packed_numbers`), each within `EXACT_BOUND` (Lua reads them as
 /// doubles: a larger one is not what Lua decided on).
 pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, StoreError> {
     let malformed = || {
@@ -208,8 +218,8 @@ pub fn state_of(algorithm: Algorithm, reply: &Value) -> Result<Option<State>, St
                 _ => Err(malformed()),
             })
             .collect::<Result<Vec<u64>, StoreError>>()?,
-        Value::BulkString(bytes) => match packed_pair(bytes) {
-            Some(pair) => pair
+        Value::BulkString(bytes) => match packed_numbers(bytes) {
+            Some(numbers) => numbers
                 .into_iter()
                 .map(integer)
                 .collect::<Result<Vec<u64>, StoreError>>()?,
@@ -271,39 +281,68 @@ mod tests {
     }
 
     #[test]
-    fn a_bucket_packed_is_read_as_its_two_numbers_and_nothing_else_is() {
+    fn a_state_packed_is_read_as_its_numbers_and_nothing_else_is() {
         let gcra = Algorithm::Gcra { burst: 2 };
-        let packed = |first: i64, second: i64| {
-            let mut bytes = vec![0xFF];
-            bytes.extend(first.to_le_bytes());
-            bytes.extend(second.to_le_bytes());
+        let log = Algorithm::SlidingLog { min_interval: 0 };
+        let packed = |tag: u8, numbers: &[i64]| {
+            let mut bytes = vec![tag];
+            for number in numbers {
+                bytes.extend(number.to_le_bytes());
+            }
             bytes
         };
         assert_eq!(
-            state_of(gcra, &Value::BulkString(packed(1_700_000_000_000_123, 2))).unwrap(),
+            state_of(
+                gcra,
+                &Value::BulkString(packed(0xFF, &[1_700_000_000_000_123, 2]))
+            )
+            .unwrap(),
             Some(State::Gcra(gcra::State {
                 tat: 1_700_000_000_000_123,
                 remainder: 2
             }))
         );
-        assert_eq!(packed_pair(&packed(-1, 7)), Some([-1, 7]));
-        for bytes in [
-            packed(-1, 7),
-            packed(1 << 53, 0),
-            packed(1, 2)[..16].to_vec(),
-            [packed(1, 2), vec![0]].concat(),
-            [&[0xFE][..], &packed(1, 2)[1..]].concat(),
+        assert_eq!(
+            state_of(log, &Value::BulkString(packed(0xFE, &[10, 1, 12, 3]))).unwrap(),
+            Some(State::SlidingLog(Box::new(sliding_log::State {
+                runs: [(10, 1), (12, 3)].into()
+            })))
+        );
+        let longest = state_of(
+            log,
+            &Value::BulkString(packed(0xFE, &[1; 2 * LONGEST_LOG as usize])),
+        );
+        assert!(
+            matches!(longest, Ok(Some(State::SlidingLog(_)))),
+            "{longest:?}"
+        );
+        assert_eq!(
+            state_of(log, &Value::BulkString(packed(0xFE, &[]))).unwrap(),
+            Some(State::SlidingLog(Box::default()))
+        );
+        assert_eq!(packed_numbers(&packed(0xFF, &[-1, 7])), Some(vec![-1, 7]));
+        for (algorithm, bytes) in [
+            (gcra, packed(0xFF, &[-1, 7])),
+            (gcra, packed(0xFF, &[1 << 53, 0])),
+            (gcra, packed(0xFF, &[1, 2])[..16].to_vec()),
+            (gcra, [packed(0xFF, &[1, 2]), vec![0]].concat()),
+            (gcra, packed(0xFD, &[1, 2])),
+            (log, packed(0xFF, &[1, 2, 3, 4])),
+            (log, packed(0xFE, &[1, 2, 3])),
+            (log, packed(0xFE, &[1, 2])[..16].to_vec()),
+            (log, packed(0xFE, &[1, -2])),
+            (log, packed(0xFE, &[1; 2 * LONGEST_LOG as usize + 2])),
         ] {
             assert!(
                 matches!(
-                    state_of(gcra, &Value::BulkString(bytes.clone())),
+                    state_of(algorithm, &Value::BulkString(bytes.clone())),
                     Err(StoreError::MalformedReply(_))
                 ),
                 "{bytes:?}"
             );
         }
         assert_eq!(
-            packed_pair(b"12345678901234 12"),
+            packed_numbers(b"12345678901234 12"),
             None,
             "a text of 17 bytes"
         );

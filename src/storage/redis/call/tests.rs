@@ -34,7 +34,7 @@ fn call<'a>(op: Op<'a>, hits: &'a [Hit], node: Option<(&'a str, u16)>) -> Call<'
         prefix: "",
         grace_ms: 110,
         sliding_window: SlidingWindowLayout::Text,
-        bucket: BucketLayout::Text,
+        state_layout: StateLayout::Text,
     }
 }
 
@@ -182,9 +182,10 @@ fn a_sliding_window_is_written_as_counters_only_when_asked_and_its_counts_fit() 
 }
 
 /// A packed bucket is kept for a full burst's fill at its rate, in whole ms, then the grace:
-/// what lua/state.lua's `ttl_ms` gives the emptiest bucket, in the same ticks.
+/// what lua/state.lua's `ttl_ms` gives the emptiest bucket, in the same ticks. A packed
+/// sliding log is kept as its text is: the longer of its window and its minimum interval.
 #[test]
-fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
+fn a_packed_state_is_kept_for_its_longest_life_then_the_grace() {
     let day = 86_400 * MICROS_PER_SECOND;
     let bucket = |algorithm, requests, window| Params {
         algorithm,
@@ -193,6 +194,7 @@ fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
     };
     let token_bucket = |burst| Algorithm::TokenBucket { burst };
     let gcra = |burst| Algorithm::Gcra { burst };
+    let log = |min_interval| Algorithm::SlidingLog { min_interval };
     let daily = bucket(token_bucket(3_000_001), 2_000_000, day);
     assert_eq!(daily.tick(), Some(1_000), "counted in ms ticks");
     let huge = bucket(token_bucket(100_000_000), 7, day);
@@ -219,6 +221,10 @@ fn a_packed_bucket_is_kept_for_its_longest_fill_then_the_grace() {
         (huge, Some(1_234_285_714_286_000 + 110)),
         (bucket(gcra(1), 0, MICROS_PER_SECOND), None),
         (bucket(Algorithm::SlidingWindow, 3, MICROS_PER_SECOND), None),
+        // A log: its window, 2.5 s; or its minimum interval, 3.000001 s, rounded up to the ms.
+        (bucket(log(1_000_000), 3, 2_500_000), Some(2_500 + 110)),
+        (bucket(log(3_000_001), 3, 2_500_000), Some(3_001 + 110)),
+        (bucket(log(0), 0, MICROS_PER_SECOND), Some(1_000 + 110)),
     ];
     for (params, expiry) in cases {
         assert_eq!(

@@ -4,17 +4,18 @@
 -- the hit consumed written, and the state found answered: tollgate works out the outcome from
 -- it with the Rust algorithm and the request rule (the parity tests hold the two to the same
 -- answers), so Redis builds no reply and decides nothing twice. A denied lone hit consumes
--- nothing unless counted, whether or not it vetoes. An algorithm with a written-out form of
--- its decision for a lone hit (`lone_hit`: every one but the sliding log's) decides it there,
--- on the state as stored, and writes what it consumed, keeping the counter's expiry where the
--- one found still holds; the general path below (parse, decide, encode) takes the rest. A
+-- nothing unless counted, whether or not it vetoes. Each algorithm's written-out form of its
+-- decision for a lone hit (`lone_hit`; the sliding log's only when it writes packed) decides
+-- it there, on the state as stored, and writes what it consumed, keeping the counter's expiry
+-- where the one found still holds; the general path below (parse, decide, encode) takes the
+-- rest. A
 -- sliding window written as counters, or marked, is decided before, in window_counters.lua.
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),
 --           hits, 1 with --count-denied else 0, tick (µs), grace (ms).
--- ARGV[2]   a bucket's only, with --redis-bucket-layout packed: the expiry (ms, as text) its
---           lone hit writes it packed with (state.lua, PACKED_PAIR).
+-- ARGV[2]   a bucket's or a sliding log's only, with --redis-state-layout packed: the expiry
+--           (ms, as text) its lone hit writes it packed with (state.lua).
 -- Returns   the counter's state as found (nil: none): as stored; a sliding window read in
 --           both its layouts, their sum as its numbers, or written as counters, its counts
 --           (window_counters.lua, decide_counted_window).

@@ -17,11 +17,11 @@
 --     -> nothing; returns `count` hits consumed at `at` to `state`, in place
 --   refund(state, now, limit, window, parameter, count)
 --     -> nothing; gives `count` hits back at `now` (algorithm::refund), in place
--- and, but for the sliding log, its decision for a lone hit written out (decide_one.lua):
+-- and its decision for a lone hit written out (decide_one.lua):
 --   lone_hit(key, raw, now, limit, window, parameter, hits, charge, tick, grace, packed)
 --     -> false when `raw` (the value stored, or nil) is not of its usual form; else true,
---        what the hit consumed written under `key` (a bucket's: packed, when `packed`, the
---        expiry to write it with, is given; state.lua)
+--        what the hit consumed written under `key` (packed, when `packed`, the expiry to
+--        write it with, is given; state.lua). The sliding log's takes only packed hits.
 -- Times are in ticks; `parameter` is Algorithm::parameter_in_ticks; a state is its list of
 -- numbers, as stored (state.lua).
 
@@ -36,11 +36,12 @@ local MAX_COUNT = 4503599627370496
 -- more than the arithmetic around it. A library cannot read globals other than `redis` while
 -- it loads, so each layout binds them on its first call.
 local max, min, fmod, unpack_numbers, string_match, to_number, string_format, redis_call
-local redis_pcall, pack_numbers
+local redis_pcall, pack_numbers, unpack_list, string_sub
 local function bind_globals()
   max, min, fmod, unpack_numbers = math.max, math.min, math.fmod, struct.unpack
   string_match, to_number, string_format = string.match, tonumber, string.format
   redis_call, redis_pcall, pack_numbers = redis.call, redis.pcall, struct.pack
+  unpack_list, string_sub = unpack, string.sub
 end
 
 -- The numbers of a call come packed into one argument (src/storage/redis/call/numbers.rs),

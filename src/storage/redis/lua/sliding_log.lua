@@ -143,4 +143,99 @@ function sliding_log.refund(state, _, _, _, _, count)
   end
 end
 
+-- A lone hit decided by `decide` on the state parsed, and written packed.
+local function sliding_log_decide_packed(key, raw, now, limit, window, min_interval, hits, charge,
+                                         packed)
+  local state = nil
+  if raw then
+    state = parse_state(raw)
+  end
+  local new_state = sliding_log.decide(state, now, limit, window, min_interval, hits, charge)
+  if new_state then
+    local format = PACKED_LOG_WRITES[#new_state] or packed_log_write(#new_state)
+    redis_call('SET', key, pack_numbers(format, PACKED_LOG_TAG, unpack_list(new_state)), 'PX',
+      packed)
+  end
+  return true
+end
+
+-- A lone hit, packed only (`packed`, the expiry, given: every write of a lone hit leaves the
+-- newest run at `now`, so its expiry is always the window or the minimum interval, then the
+-- grace, which tollgate works out). On a packed log it is `decide` written out on the stored
+-- bytes, run by run (the runs at bytes 16i - 14 .. 16i + 1): what the hit keeps of the log is
+-- a piece of them, so no table is made (a table, and each function call, cost Redis more than
+-- the decision). A text log, no log, or a write that must drop the oldest hits to keep the
+-- newest `limit` (sliding_log_append) is decided by `decide` and written packed.
+function sliding_log.lone_hit(key, raw, now, limit, window, min_interval, hits, charge, _, _,
+                              packed)
+  if not packed then
+    return false
+  end
+  local length = raw and #raw or 0
+  if length < 17 or length % 16 ~= 1 or length > PACKED_LOG_LONGEST then
+    return sliding_log_decide_packed(key, raw, now, limit, window, min_interval, hits, charge == 1,
+      packed)
+  end
+  local tag = unpack_numbers('<i1', raw)
+  if tag ~= PACKED_LOG_TAG then
+    return sliding_log_decide_packed(key, raw, now, limit, window, min_interval, hits, charge == 1,
+      packed)
+  end
+  local runs = (length - 1) / 16
+  local newest, newest_hits = unpack_numbers(PACKED_RUN, raw, length - 15)
+  if newest > MAX_COUNT or newest_hits > MAX_COUNT then
+    error('a packed state out of range')
+  end
+  if newest > now then
+    now = newest
+  end
+  -- Expired runs go (`first`: the oldest kept; runs are oldest first, so the expired ones are
+  -- the first ones), but the newest stays while the gap still needs it. `count`: the hits
+  -- kept.
+  local first, count = 1, 0
+  for i = 1, runs - 1 do
+    local at, run = unpack_numbers(PACKED_RUN, raw, 16 * i - 14)
+    if at > MAX_COUNT or run > MAX_COUNT then
+      error('a packed state out of range')
+    end
+    if at + window <= now then
+      first = i + 1
+    else
+      count = count + run
+    end
+  end
+  -- Kept past the window, the newest run still counts here: it is kept only while the gap
+  -- since it is too short, which denies the hit whatever the count.
+  if first == runs and newest + window <= now and newest + min_interval <= now then
+    first = runs + 1
+  else
+    count = count + newest_hits
+  end
+  local need = hits
+  if need < 1 then
+    need = 1
+  end
+  local gap_ok = first > runs or now - newest >= min_interval
+  local allowed = count + need <= limit and gap_ok and not (min_interval > 0 and hits > 1)
+  if hits <= 0 or not (allowed or charge == 1) then
+    return true
+  end
+  if count + hits > limit then
+    return sliding_log_decide_packed(key, raw, now, limit, window, min_interval, hits, charge == 1,
+      packed)
+  end
+  local value
+  if first > runs then
+    value = pack_numbers(PACKED_LOG_RUN, PACKED_LOG_TAG, now, hits)
+  elseif newest == now then
+    value = PACKED_LOG_TAG_BYTE .. string_sub(raw, 16 * first - 14, length - 8)
+      .. pack_numbers('<i8', newest_hits + hits)
+  else
+    value = PACKED_LOG_TAG_BYTE .. string_sub(raw, 16 * first - 14, length)
+      .. pack_numbers('<i8i8', now, hits)
+  end
+  redis_call('SET', key, value, 'PX', packed)
+  return true
+end
+
 ALGORITHMS[3] = sliding_log

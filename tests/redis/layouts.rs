@@ -867,10 +867,11 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
             false,
             packed(&[(s + 20 * SECOND, 4)]),
         ),
+        // Every run has left.
         (
-            call(s + 30 * SECOND, 1, text_by, checked),
+            call(s + 30 * SECOND, 1, packed_by, checked),
             true,
-            text(&[(s + 30 * SECOND, 1)]),
+            packed(&[(s + 30 * SECOND, 1)]),
         ),
     ];
     let mut key = String::new();
@@ -894,12 +895,19 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
         assert!((69_600..=70_000).contains(&ttl), "at {now}: {ttl}");
     }
 
-    // A packed number no tollgate writes (past 2^52), in the newest run or another, fails the
-    // call and changes nothing.
+    // A packed number no tollgate writes (past 2^52, or negative), in the newest run or
+    // another, or a tag with no packed form after it, fails the call and changes nothing:
+    // read as digits, its bytes would be decided on and written.
+    let broken_length = packed(&[(s, 1), (s + SECOND, 1)])[..25].to_vec();
     for (out_of_range, state_layout) in [
         (packed(&[(1 << 53, 1)]), packed_by),
+        (packed(&[((1 << 52) + 1, 1)]), packed_by),
+        (packed(&[(u64::MAX, 1)]), packed_by),
         (packed(&[(s, 1 << 53), (s + SECOND, 1)]), packed_by),
         (packed(&[(s, 1), (s + SECOND, 1 << 53)]), text_by),
+        (packed(&[(s, 1), (s + SECOND, u64::MAX)]), text_by),
+        (broken_length.clone(), packed_by),
+        (broken_length, text_by),
     ] {
         let _: () = redis::cmd("SET")
             .arg(&key)
@@ -922,6 +930,36 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
             .await
             .unwrap();
         assert_eq!(value, out_of_range);
+    }
+
+    // A minimum interval longer than the window: a log is kept that long, packed as in text.
+    let gapped = Sequence {
+        counters: vec![Params {
+            algorithm: Algorithm::SlidingLog {
+                min_interval: 15 * SECOND,
+            },
+            requests: 2,
+            window: 10 * SECOND,
+        }],
+        ..Sequence::named("log-packed-gap")
+    };
+    for (now, state_layout) in [
+        (s, packed_by),
+        (s + 20 * SECOND, text_by),
+        (s + 40 * SECOND, packed_by),
+    ] {
+        let one = [gapped.hit(0, 0, 1, Role::Enforced)];
+        let call = Call {
+            state_layout,
+            ..lone_call(&one, now)
+        };
+        let reply = call_on(&mut connection, &call).await.unwrap();
+        assert!(reply.outcomes[0].allowed, "at {now}");
+        let ttl = server
+            .query(&["PTTL", &call.key(&one[0])])
+            .parse::<i64>()
+            .unwrap();
+        assert!((74_600..=75_000).contains(&ttl), "at {now}: {ttl}");
     }
 }
 

@@ -132,7 +132,8 @@ async fn stored(
     common::stored::numbers(connection, &key).await
 }
 
-/// The layouts a call writes a sliding window and a bucket in (the other algorithms have one).
+/// The layouts a call writes a sliding window, and a bucket or a short sliding log, in (the other
+/// algorithms have one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Layouts {
     sliding_window: SlidingWindowLayout,

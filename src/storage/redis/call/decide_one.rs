@@ -57,7 +57,8 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
 
 /// The expiry a lone hit writes its state packed with (`StateLayout::Packed`), worked out here
 /// once per call so that Redis formats no number; then the grace. `None`: a limit of 0 (a
-/// bucket's never writes), or an algorithm never written packed.
+/// bucket's never writes), an algorithm never written packed, or an expiry past `u64` ms
+/// (the hit is then written as text, with the expiry Redis works out).
 /// - A bucket: the longest it can take to fill, a full burst at the limit's rate, in whole ms.
 /// - A sliding log: exactly what the text layout writes, as every write of a lone hit leaves
 ///   its newest run at the instant decided: the longer of the window and the minimum interval.

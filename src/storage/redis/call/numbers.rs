@@ -158,7 +158,7 @@ pub fn state_from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State
 /// A state as a lone hit writes it packed (`StateLayout::Packed`; lua/state.lua): a tag byte
 /// no text starts with, then each number as a little-endian 64-bit integer. The tag says the
 /// shape: 0xFF, a bucket's two numbers (`PACKED_PAIR`); 0xFE, a sliding log's runs, two
-/// numbers each (`PACKED_LOG`), at most `LONGEST_LOG` of them (no other log takes lone hits).
+/// numbers each (`PACKED_LOG_TAG`), at most `LONGEST_LOG` of them (no other log takes lone hits).
 /// `None` for any other value.
 pub fn packed_numbers(bytes: &[u8]) -> Option<Vec<i64>> {
     let (&tag, numbers) = bytes.split_first()?;

@@ -8,8 +8,8 @@
 -- decision for a lone hit (`lone_hit`; the sliding log's only when it writes packed) decides
 -- it there, on the state as stored, and writes what it consumed, keeping the counter's expiry
 -- where the one found still holds; the general path below (parse, decide, encode) takes the
--- rest. A
--- sliding window written as counters, or marked, is decided before, in window_counters.lua.
+-- rest. A sliding window written as counters, or marked, is decided before, in
+-- window_counters.lua.
 -- KEYS[1]   the counter; written as counters, a sliding window's window counter after it
 --           (window_counters.lua).
 -- ARGV[1]   packed: algorithm code, now (ticks), limit, window (ticks), parameter (ticks),

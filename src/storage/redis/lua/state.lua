@@ -5,8 +5,9 @@
 -- sliding_log.lua), a state is a tag byte no text starts with, then each number as a
 -- little-endian 64-bit integer, kept for the expiry tollgate sends, so that Redis formats no
 -- number: a bucket's two numbers are PACKED_PAIR (kept for the longest the bucket can take to
--- fill, then the grace), a sliding log's runs PACKED_LOG (kept as its text would be). Every
--- path reads both forms; only a packed lone hit writes the packed one.
+-- fill, then the grace), a sliding log's runs PACKED_LOG_TAG and theirs (kept as its text would
+-- be). Every path reads both forms, and fails on a tag with neither after it; only a packed
+-- lone hit writes the packed one.
 local PACKED_PAIR, PACKED_TAG, PACKED_LENGTH = '<i1i8i8', -1, 17
 
 -- A state of two numbers, packed or as text: its numbers, or nil for any other value. A
@@ -28,11 +29,11 @@ local function read_pair(raw)
   end
 end
 
--- PACKED_LOG: the tag, then each run's instant and hits, at most LONGEST_PACKED_LOG runs (only
--- a log of a limit that small takes lone hits: decide_one.rs, LONGEST_LOG). Read by one unpack
--- with the tag, which tells it from a text as long, and unsigned, so that a negative number
--- reads past MAX_COUNT. The formats by length (read) and by count of numbers (written), made
--- once each.
+-- A packed log: PACKED_LOG_TAG, then each run's instant and hits, at most LONGEST_PACKED_LOG
+-- runs (only a log of a limit that small takes lone hits: decide_one.rs, LONGEST_LOG). Read by
+-- one unpack with the tag, which tells it from a text as long, and unsigned, so that a
+-- negative number reads past MAX_COUNT. The formats by length (read) and by count of numbers
+-- (written), made once each.
 local PACKED_LOG_TAG, LONGEST_PACKED_LOG = -2, 64
 local PACKED_LOG_LONGEST = 1 + 16 * LONGEST_PACKED_LOG
 local PACKED_LOG_TAG_BYTE, PACKED_LOG_RUN, PACKED_RUN = '\254', '<i1i8i8', '<I8I8'
@@ -94,6 +95,12 @@ local function parse_state(raw)
       state[i - 1] = numbers[i]
     end
     return state
+  end
+  -- A tag with no packed form after it: its bytes would be taken for digits. (A log given
+  -- back entirely is stored empty.)
+  local tag = string.byte(raw, 1)
+  if tag and tag >= 254 then
+    error('a packed state malformed')
   end
   local state = {}
   for number in string.gmatch(raw, '%d+') do

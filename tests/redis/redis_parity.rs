@@ -15,7 +15,7 @@ use common::sliding_window;
 use tollgate::algorithm::{self, Algorithm, Anchor, Charge, Params, State};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{CounterKey, EntryValue, counter_key};
-use tollgate::storage::redis::call::LONGEST_LOG;
+use tollgate::storage::redis::call::numbers::LONGEST_LOG;
 use tollgate::storage::redis::call::numbers::state_numbers;
 use tollgate::storage::redis::call::{self, Call, SlidingWindowLayout, StateLayout};
 use tollgate::storage::redis::connection::call_on;

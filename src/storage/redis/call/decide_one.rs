@@ -7,15 +7,10 @@
 
 use redis::{Cmd, Value};
 
-use super::numbers::{n, packed, state_of, tick, window_counts};
+use super::numbers::{LONGEST_LOG, n, packed, state_of, tick, window_counts};
 use super::{Call, Reply, StateLayout};
 use crate::algorithm::{Algorithm, Charge, Params};
 use crate::storage::{StoreError, rule};
-
-/// The longest sliding log whose lone hits go this way. The answer is as long as the state, two
-/// numbers per run of hits, and a log holds up to its limit in runs: past this, Apply's answer
-/// of six numbers costs Redis less than sending the log, and tollgate less than parsing it.
-pub const LONGEST_LOG: u64 = 64;
 
 /// Whether a lone hit on a counter with `params` goes this way.
 pub fn takes(params: &Params) -> bool {

@@ -25,7 +25,6 @@ pub mod numbers;
 use crate::algorithm::{Algorithm, Charge, Outcome, Params, State};
 use crate::clock::Micros;
 use crate::storage::{Hit, StoreError};
-pub use decide_one::LONGEST_LOG;
 use numbers::{is_counter, window_number};
 
 /// How a call's hits go over the wire and come back.
@@ -38,7 +37,7 @@ pub enum Layout {
     /// else every counter read (MGET) and each changed one counted; the counts found come
     /// back.
     Count,
-    /// One charged hit of another algorithm (a sliding log only up to `decide_one::LONGEST_LOG`):
+    /// One charged hit of another algorithm (a sliding log only up to `numbers::LONGEST_LOG`):
     /// the state found comes back.
     DecideOne,
     /// Any hits, decided and answered in Redis.

@@ -3,13 +3,18 @@
 
 use redis::Value;
 
-use super::LONGEST_LOG;
 use crate::algorithm::{
     Algorithm, Anchor, EXACT_BOUND, Params, State, fixed_window, gcra, sliding_log, sliding_window,
     token_bucket,
 };
 use crate::clock::Micros;
 use crate::storage::{Role, StoreError};
+
+/// The longest sliding log whose lone hits go by `Layout::DecideOne`, and so the most runs a
+/// packed log holds. That layout answers the state, two numbers per run of hits, and a log
+/// holds up to its limit in runs: past this, Apply's answer of six numbers costs Redis less
+/// than sending the log, and tollgate less than parsing it.
+pub const LONGEST_LOG: u64 = 64;
 
 /// Numbers packed into one argument as the Lua code reads them (prelude.lua's `numbers`):
 /// each a little-endian signed 64-bit integer. One argument holding n numbers costs Redis one

@@ -30,7 +30,7 @@ local function read_pair(raw)
 end
 
 -- A packed log: PACKED_LOG_TAG, then each run's instant and hits, at most LONGEST_PACKED_LOG
--- runs (only a log of a limit that small takes lone hits: decide_one.rs, LONGEST_LOG). Read by
+-- runs (only a log of a limit that small takes lone hits: numbers.rs, LONGEST_LOG). Read by
 -- one unpack with the tag, which tells it from a text as long, and unsigned, so that a
 -- negative number reads past MAX_COUNT. The formats by length (read) and by count of numbers
 -- (written), made once each.

@@ -537,6 +537,25 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
     }
 }
 
+/// The value under `key`, as bytes (a packed state is not text).
+async fn stored_bytes(connection: &mut redis::aio::MultiplexedConnection, key: &str) -> Vec<u8> {
+    redis::cmd("GET")
+        .arg(key)
+        .query_async(connection)
+        .await
+        .unwrap()
+}
+
+/// Sets `key` to `value`, as bytes.
+async fn store_bytes(connection: &mut redis::aio::MultiplexedConnection, key: &str, value: &[u8]) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .query_async(connection)
+        .await
+        .unwrap();
+}
+
 /// A call of `hits` at `now` as a replica writing text sends it, with a grace of 60 s.
 fn lone_call(hits: &[Hit], now: Micros) -> Call<'_> {
     Call {
@@ -746,11 +765,7 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
             assert_eq!(Layout::of(&call), Layout::DecideOne);
             let reply = call_on(&mut connection, &call).await.unwrap();
             assert!(reply.outcomes[0].allowed, "counter {counter} at {now}");
-            let value: Vec<u8> = redis::cmd("GET")
-                .arg(&key)
-                .query_async(&mut connection)
-                .await
-                .unwrap();
+            let value = stored_bytes(&mut connection, &key).await;
             assert_eq!(value, stored, "counter {counter} at {now} by {bucket:?}");
             // Within 400 ms: the expiry text would have had at each packed step (60,334 and
             // 60,500 for the token bucket, 60,500 and 61,000 for GCRA) is outside the range,
@@ -784,18 +799,9 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
     // as it stands (a TAT of 5, long past), or its bytes as the digits 11111111, the hit would
     // be admitted and the bucket rewritten.
     let out_of_range = [&[0xFF][..], &5_i64.to_le_bytes(), b"11111111"].concat();
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg(&out_of_range)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    store_bytes(&mut connection, &key, &out_of_range).await;
     assert!(call_on(&mut connection, &counted).await.is_err());
-    let value: Vec<u8> = redis::cmd("GET")
-        .arg(&key)
-        .query_async(&mut connection)
-        .await
-        .unwrap();
+    let value = stored_bytes(&mut connection, &key).await;
     assert_eq!(value, out_of_range);
 }
 
@@ -885,11 +891,7 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
         key = call.key(&one[0]);
         let reply = call_on(&mut connection, &call).await.unwrap();
         assert_eq!(reply.outcomes[0].allowed, allowed, "at {now}");
-        let value: Vec<u8> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
+        let value = stored_bytes(&mut connection, &key).await;
         assert_eq!(value, stored, "at {now} by {state_layout:?}");
         let ttl = server.query(&["PTTL", &key]).parse::<i64>().unwrap();
         assert!((69_600..=70_000).contains(&ttl), "at {now}: {ttl}");
@@ -909,12 +911,7 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
         (broken_length.clone(), packed_by),
         (broken_length, text_by),
     ] {
-        let _: () = redis::cmd("SET")
-            .arg(&key)
-            .arg(&out_of_range)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
+        store_bytes(&mut connection, &key, &out_of_range).await;
         let one = [sequence.hit(4, 0, 1, Role::Enforced)];
         let call = Call {
             state_layout,
@@ -924,11 +921,7 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
             call_on(&mut connection, &call).await.is_err(),
             "{state_layout:?}"
         );
-        let value: Vec<u8> = redis::cmd("GET")
-            .arg(&key)
-            .query_async(&mut connection)
-            .await
-            .unwrap();
+        let value = stored_bytes(&mut connection, &key).await;
         assert_eq!(value, out_of_range);
     }
 

@@ -56,7 +56,7 @@ local function packed_log_write(count)
 end
 
 -- A log's numbers, when `raw` is one packed: unpacked, its tag first and the position after
--- it last (lone_hit in sliding_log.lua reads them in place); else nil.
+-- it last (`parse_state` copies the numbers between); else nil.
 local function unpack_packed_log(raw)
   local length = #raw
   local format = PACKED_LOG_READS[length] or packed_log_read(length)

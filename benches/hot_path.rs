@@ -9,7 +9,6 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use criterion::{Criterion, criterion_group, criterion_main};
 use futures_util::FutureExt as _;
-use tollgate::algorithm::Charge;
 use tollgate::clock::SystemClock;
 use tollgate::config;
 use tollgate::descriptor::{Descriptor, Entry, Request};
@@ -127,6 +126,7 @@ fn hit(user: usize) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     }
 }
@@ -143,7 +143,7 @@ fn apply(store: &MemoryStore, hits: &[Hit]) {
 fn memory_store(c: &mut Criterion) {
     const KEYS: usize = 1_000_000;
     let mut group = c.benchmark_group("memory store apply");
-    let store = MemoryStore::new(2 * KEYS, Charge::IfAllowed, Arc::new(SystemClock));
+    let store = MemoryStore::new(2 * KEYS, Arc::new(SystemClock));
     let hot = [hit(7)];
     group.bench_function("1 hot key", |b| b.iter(|| apply(&store, &hot)));
 
@@ -163,11 +163,7 @@ fn memory_store(c: &mut Criterion) {
 }
 
 fn limiter(rules: RuleSet) -> Arc<RateLimiter> {
-    let store = Arc::new(MemoryStore::new(
-        1_000_000,
-        Charge::IfAllowed,
-        Arc::new(SystemClock),
-    ));
+    let store = Arc::new(MemoryStore::new(1_000_000, Arc::new(SystemClock)));
     Arc::new(RateLimiter::new(
         Arc::new(ArcSwap::from_pointee(rules)),
         &Store::local(store),

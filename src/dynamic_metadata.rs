@@ -4,6 +4,11 @@
 //! hitsAddend if set}`); `hitsAddend` (the request's, if not zero); and `metadata`, the rules'
 //! `metadata` of every descriptor that is not OVER_LIMIT, merged (the first descriptor wins a
 //! conflicting value).
+//!
+//! Whether asked for or not, `reserved` carries what the request reserved on the limits that
+//! report it (`Limit::reserved_as`), `{name: hits}`, so that the end of the stream gives back
+//! exactly that (`%DYNAMIC_METADATA(envoy.filters.http.ratelimit:reserved:NAME)%` as its
+//! refund's `hits_addend`), and nothing for a request that reserved nothing.
 
 use prost_types::value::Kind;
 use prost_types::{ListValue, Struct, Value};
@@ -42,6 +47,32 @@ pub fn build(request: &pb::RateLimitRequest, decision: &Decision) -> Struct {
         );
     }
     Struct { fields }
+}
+
+/// `metadata` (the reference's, or none) with `reserved` added when the request reserved
+/// anything; `None` when there is nothing to send.
+pub fn with_reserved(metadata: Option<Struct>, decision: &Decision) -> Option<Struct> {
+    if decision.reserved.is_empty() {
+        return metadata;
+    }
+    let mut metadata = metadata.unwrap_or_default();
+    let reserved = decision
+        .reserved
+        .iter()
+        .map(|(name, hits)| (name.clone(), hits_value(*hits)))
+        .collect();
+    metadata.fields.insert(
+        "reserved".to_owned(),
+        Value {
+            kind: Some(Kind::StructValue(Struct { fields: reserved })),
+        },
+    );
+    Some(metadata)
+}
+
+/// A count of hits as Envoy reads it back into a `hits_addend`.
+fn hits_value(hits: u64) -> Value {
+    number(hits as f64)
 }
 
 fn descriptor(descriptor: &pb::RateLimitDescriptor) -> Value {

@@ -77,7 +77,8 @@
 //!   Redis; `storage/redis/demand.rs` RLQS demand shared by replicas;
 //!   `storage/redis/leases.rs` a busy counter's budget leased), `storage/guard.rs`
 //!   (timeout and circuit breaker), `storage/deny_cache.rs` (local answers for known
-//!   denials), `storage/lease.rs` (busy counters answered from leased slices,
+//!   denials), `storage/deferred.rs` (the denied hits that count, answered by the deny cache,
+//!   counted in the store in batches), `storage/lease.rs` (busy counters answered from leased slices,
 //!   `storage/lease/slice.rs` a slice and a counter's demand, `storage/lease/answer.rs` a
 //!   request answered from slices, at once where it can, `storage/lease/calls.rs` the
 //!   lease and return calls), `storage/keys.rs` (counter keys), `storage/options.rs` (the store's flags) and
@@ -86,7 +87,8 @@
 //!   `algorithm/given_back.rs` (give_back and refund), `algorithm/leased.rs` (a bucket's
 //!   budget taken for a slice's life), then one file per
 //!   algorithm: `algorithm/fixed_window.rs`, `algorithm/sliding_window.rs`,
-//!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`); `limit`:
+//!   `algorithm/sliding_log.rs`, `algorithm/token_bucket.rs`, `algorithm/gcra.rs`,
+//!   `algorithm/concurrency.rs`); `limit`:
 //!   units and limits; `descriptor`: the request vocabulary and its input bounds.
 //! - `client`: how the client commands reach a server (address, TLS); `clock`: time as a
 //!   value; `pb`: generated protobuf code; `metrics`: every metric, one small struct per part

@@ -80,6 +80,8 @@ pub struct Limit {
     pub algorithm: Algorithm,
     /// Whether its counter's budget may be leased by a replica that sees it busy (`lease`).
     pub lease: Lease,
+    /// What a charge on it is: an admission, usage already spent, or a reservation.
+    pub charges: Charges,
 }
 
 /// A rule's `lease`: whether a replica that sees its counter busy may lease part of its
@@ -99,6 +101,35 @@ impl Lease {
     pub const NAMES: [(&'static str, Lease); 2] = [("auto", Lease::Auto), ("off", Lease::Off)];
 }
 
+/// A rule's `charges`: what a charge (hits that are not a refund) on its counter is. Envoy
+/// sends the same descriptors when a request arrives and when its stream ends, so only the
+/// rule can say whether its hits ask to be admitted or report what was spent
+/// (docs/budgets.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Charges {
+    /// As `--count-denied` says: usage with it, admissions without.
+    #[default]
+    AsConfigured,
+    /// Admissions: a charge that does not fit is refused and consumes nothing, and a
+    /// request's charges are all-or-nothing.
+    Admission,
+    /// Usage already spent (tokens charged when a response ends): every charge counts in
+    /// full, past the limit too, and is answered OVER_LIMIT when it crosses it.
+    Usage,
+    /// Reservations: admissions whose hits the answer reports under the limit's name
+    /// (dynamic metadata `reserved.<name>`), so that the end of the stream gives back exactly
+    /// what was reserved, and nothing for a request that was refused.
+    Reserve,
+}
+
+impl Charges {
+    pub const NAMES: [(&'static str, Charges); 3] = [
+        ("admission", Charges::Admission),
+        ("usage", Charges::Usage),
+        ("reserve", Charges::Reserve),
+    ];
+}
+
 impl Limit {
     pub fn new(requests_per_unit: u32, unit: Unit) -> Self {
         Self {
@@ -108,7 +139,15 @@ impl Limit {
             name: None,
             algorithm: Algorithm::default(),
             lease: Lease::AsConfigured,
+            charges: Charges::AsConfigured,
         }
+    }
+
+    /// The name its hits are reported under when it reserves them (`Charges::Reserve`, and
+    /// every concurrency limit, whose takes a stream's end gives back).
+    pub fn reserved_as(&self) -> Option<&str> {
+        let reserves = self.charges == Charges::Reserve || self.algorithm == Algorithm::Concurrency;
+        self.name.as_deref().filter(|_| reserves)
     }
 
     /// The window length in microseconds (the config bounds it well below overflow).

@@ -3,9 +3,10 @@
 //!
 //! For one request: take the current rules (one atomic load), resolve each descriptor to a
 //! limit (the request's own override when the domain exists, else the matched rule), drop the
-//! limits that another matched limit `replaces`, send every remaining counter to the store in
-//! one call, then build statuses in request order and the overall code (quota and shadow
-//! modes as the reference computes them).
+//! limits that another matched limit `replaces`, say of each counter's hits whether they
+//! count only when admitted (`charge_of`), send every remaining counter to the store in one
+//! call, then build statuses in request order, the overall code (quota and shadow modes as
+//! the reference computes them) and what the request reserved.
 
 mod answer;
 mod stats;
@@ -17,10 +18,10 @@ use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tracing::Instrument;
 
-use crate::algorithm::Outcome;
+use crate::algorithm::{Algorithm, Charge, Outcome};
 use crate::clock::Micros;
 use crate::descriptor::{Descriptor, Request};
-use crate::limit::Limit;
+use crate::limit::{Charges, Limit};
 use crate::metrics::{self, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
@@ -60,6 +61,9 @@ pub struct Decision {
     /// Per descriptor, the `metadata` of the rule it matched, if any; empty when no descriptor
     /// matched a rule with metadata.
     pub metadata: Vec<Option<Arc<serde_json::Value>>>,
+    /// What the request reserved on the limits that report it (`Limit::reserved_as`), by
+    /// name: the hits it consumed there; empty when it reserved nothing.
+    pub reserved: Vec<(String, u64)>,
 }
 
 /// Switches that change decisions for every request (flags of `tollgate serve`).
@@ -74,6 +78,11 @@ pub struct Modes {
     /// keep their own role.
     #[arg(long = "quota-mode", env = "TOLLGATE_QUOTA_MODE", value_parser = clap::builder::BoolishValueParser::new())]
     pub global_quota: bool,
+    /// Count every charge in full, even when it is denied or its request rejected (the
+    /// reference's behaviour), on the rules that do not say otherwise (`charges`). By default
+    /// a rejected request consumes nothing.
+    #[arg(long = "count-denied", env = "TOLLGATE_COUNT_DENIED", num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub count_denied: bool,
 }
 
 pub struct RateLimiter {
@@ -190,13 +199,13 @@ impl RateLimiter {
         let matches = match_descriptors(rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
         if let Some(decided) = self.outcomes_at_once(&hits) {
-            let decided =
-                decided.map(|outcomes| self.conclude(request, &matches, resolved, &outcomes));
+            let decided = decided
+                .map(|outcomes| self.conclude(request, &matches, resolved, &hits, &outcomes));
             return Deciding::Made(decided);
         }
         Deciding::Waiting(Box::pin(async move {
             let outcomes = self.outcomes(&hits).await?;
-            Ok(self.conclude(request, &matches, resolved, &outcomes))
+            Ok(self.conclude(request, &matches, resolved, &hits, &outcomes))
         }))
     }
 
@@ -205,7 +214,7 @@ impl RateLimiter {
         let matches = match_descriptors(rules, request);
         let (resolved, hits) = self.resolve_all(request, &matches);
         let outcomes = self.outcomes(&hits).await?;
-        Ok(self.conclude(request, &matches, resolved, &outcomes))
+        Ok(self.conclude(request, &matches, resolved, &hits, &outcomes))
     }
 
     /// The store's outcomes for `hits` (none for none, without a call).
@@ -257,6 +266,7 @@ impl RateLimiter {
                 self.resolve(request, index, descriptor, found, &replaced, &mut hits)
             })
             .collect();
+        settle(&mut hits);
         (resolved, hits)
     }
 
@@ -325,6 +335,7 @@ impl RateLimiter {
                 params: limit.params(),
                 hits: descriptor.hits,
                 role,
+                charge: self.charge_of(limit, role),
                 lease: limit.lease,
             });
         }
@@ -333,6 +344,44 @@ impl RateLimiter {
             rule,
             role,
             first_hit,
+        }
+    }
+}
+
+impl RateLimiter {
+    /// Whether a hit on `limit` consumes when denied or vetoed: as its rule's `charges` says,
+    /// else as `--count-denied`. A refund gives back, and a concurrency take that is refused
+    /// holds nothing, whatever either says.
+    fn charge_of(&self, limit: &Limit, role: Role) -> Charge {
+        if role == Role::Refund || limit.algorithm == Algorithm::Concurrency {
+            return Charge::IfAllowed;
+        }
+        match limit.charges {
+            Charges::Usage => Charge::Always,
+            Charges::Admission | Charges::Reserve => Charge::IfAllowed,
+            Charges::AsConfigured if self.modes.count_denied => Charge::Always,
+            Charges::AsConfigured => Charge::IfAllowed,
+        }
+    }
+}
+
+/// A request that gives back on a counter and charges it too settles a stream: the refund
+/// returns what the request reserved, and the charge reports what the stream spent, which
+/// counts in full, as usage, past the limit too. Envoy sends both in one call when the
+/// stream ends (docs/budgets.md, "reserve and settle"). A concurrency take is never usage.
+fn settle(hits: &mut [Hit]) {
+    if !hits.iter().any(|hit| hit.role == Role::Refund) {
+        return;
+    }
+    for index in 0..hits.len() {
+        let hit = &hits[index];
+        let settles = hit.role != Role::Refund
+            && hit.params.algorithm != Algorithm::Concurrency
+            && hits
+                .iter()
+                .any(|other| other.role == Role::Refund && other.key == hit.key);
+        if settles {
+            hits[index].charge = Charge::Always;
         }
     }
 }

@@ -3,8 +3,8 @@
 //! `Refund` rule; and `refund`, what a client returns (Envoy's `is_negative_hits`).
 
 use super::{
-    Algorithm, Charge, Outcome, Params, Refund, State, Transition, decide, fixed_window, gcra,
-    sliding_log, sliding_window, token_bucket,
+    Algorithm, Charge, Outcome, Params, Refund, State, Transition, concurrency, decide,
+    fixed_window, gcra, sliding_log, sliding_window, token_bucket,
 };
 use crate::clock::Micros;
 
@@ -34,6 +34,7 @@ pub fn give_back(
 /// - sliding window: off the current window's count (hits of the window before weigh less
 ///   each instant and are gone within a window);
 /// - sliding log: the newest entries, so the minimum interval counts from the hit before;
+/// - concurrency: the oldest live holds (`concurrency::refund` says why);
 /// - token bucket: tokens back into the bucket, up to its burst;
 /// - GCRA: the theoretical arrival time moves back by the hits' emission interval, never
 ///   before now (a full bucket).
@@ -43,7 +44,7 @@ pub fn give_back(
 pub fn refund(params: &Params, stored: Option<&State>, now: Micros, hits: u64) -> Transition {
     let state = stored.and_then(|stored| match hits {
         0 => None,
-        _ => returned(params, stored, now, hits, Returned::Newest),
+        _ => returned(params, stored, now, hits, Returned::Refund),
     });
     let after = state.as_ref().or(stored);
     let check = decide(params, after, now, 0, Charge::IfAllowed);
@@ -57,12 +58,12 @@ pub fn refund(params: &Params, stored: Option<&State>, now: Micros, hits: u64) -
     }
 }
 
-/// Which hits a sliding log gives back: those logged at the given instant (a veto's
-/// give-back), or the newest (a refund).
+/// Which hits a log gives back: those logged at the given instant (a veto's give-back), or a
+/// client's refund (a sliding log's newest, concurrency's oldest live holds).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Returned {
     ConsumedAt,
-    Newest,
+    Refund,
 }
 
 /// `stored` with `hits` given back at `at` (see `give_back` and `refund`).
@@ -91,15 +92,17 @@ fn returned(
             };
             State::SlidingWindow(sliding_window::give_back(state, at, w, hits))
         }
-        State::SlidingLog(state) => {
-            let Algorithm::SlidingLog { .. } = algorithm else {
-                return None;
-            };
-            State::SlidingLog(Box::new(match which {
-                Returned::ConsumedAt => sliding_log::give_back(state, at, hits),
-                Returned::Newest => sliding_log::refund(state, hits),
-            }))
-        }
+        State::SlidingLog(state) => State::SlidingLog(Box::new(match (algorithm, which) {
+            (Algorithm::SlidingLog { .. }, Returned::ConsumedAt) => {
+                sliding_log::give_back(state, at, hits)
+            }
+            (Algorithm::SlidingLog { .. }, Returned::Refund) => sliding_log::refund(state, hits),
+            (Algorithm::Concurrency, Returned::ConsumedAt) => {
+                concurrency::give_back(state, at, hits)
+            }
+            (Algorithm::Concurrency, Returned::Refund) => concurrency::refund(state, at, w, hits),
+            _ => return None,
+        })),
         State::TokenBucket(state) => {
             let Algorithm::TokenBucket { burst } = algorithm else {
                 return None;

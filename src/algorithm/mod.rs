@@ -22,6 +22,7 @@
 //!   same hits would be admitted. A call that can never be admitted (more hits than the limit
 //!   or burst) reports the longer of `reset_after` and one window.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod given_back;
@@ -55,6 +56,9 @@ pub enum Algorithm {
     TokenBucket { burst: u64 },
     /// The generic cell rate algorithm: a token bucket kept as one theoretical arrival time.
     Gcra { burst: u64 },
+    /// Requests in flight: a take holds its hits until the client gives them back, or until
+    /// they are a window old (the longest hold).
+    Concurrency,
 }
 
 impl Default for Algorithm {
@@ -78,7 +82,7 @@ pub enum Refund {
 
 impl Algorithm {
     /// Every algorithm, with default parameters, in the order the docs list them.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::FixedWindow {
             anchor: Anchor::Epoch,
         },
@@ -86,6 +90,7 @@ impl Algorithm {
         Algorithm::SlidingLog { min_interval: 0 },
         Algorithm::TokenBucket { burst: 0 },
         Algorithm::Gcra { burst: 0 },
+        Algorithm::Concurrency,
     ];
 
     /// The config name.
@@ -96,6 +101,7 @@ impl Algorithm {
             Algorithm::SlidingLog { .. } => "sliding_log",
             Algorithm::TokenBucket { .. } => "token_bucket",
             Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -108,6 +114,7 @@ impl Algorithm {
             Algorithm::SlidingLog { .. } => "sl",
             Algorithm::TokenBucket { .. } => "tb",
             Algorithm::Gcra { .. } => "gcra",
+            Algorithm::Concurrency => "cc",
         }
     }
 
@@ -115,7 +122,7 @@ impl Algorithm {
     pub fn parameters(self) -> &'static [Parameter] {
         match self {
             Algorithm::FixedWindow { .. } => &[Parameter::Anchor],
-            Algorithm::SlidingWindow => &[],
+            Algorithm::SlidingWindow | Algorithm::Concurrency => &[],
             Algorithm::SlidingLog { .. } => &[Parameter::MinInterval],
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => &[Parameter::Burst],
         }
@@ -125,7 +132,8 @@ impl Algorithm {
         match self {
             Algorithm::FixedWindow { .. }
             | Algorithm::SlidingWindow
-            | Algorithm::SlidingLog { .. } => Refund::Exact,
+            | Algorithm::SlidingLog { .. }
+            | Algorithm::Concurrency => Refund::Exact,
             Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => Refund::IfUnchanged,
         }
     }
@@ -134,7 +142,7 @@ impl Algorithm {
     pub fn parameter_in_ticks(self, tick: Micros) -> u64 {
         match self {
             Algorithm::FixedWindow { anchor } => u64::from(anchor == Anchor::FirstHit),
-            Algorithm::SlidingWindow => 0,
+            Algorithm::SlidingWindow | Algorithm::Concurrency => 0,
             Algorithm::SlidingLog { min_interval } => min_interval.div_ceil(tick.max(1)),
             Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
         }
@@ -194,6 +202,19 @@ impl Algorithm {
             Algorithm::Gcra { .. } => Algorithm::Gcra {
                 burst: given.burst_or(requests)?,
             },
+            Algorithm::Concurrency => {
+                if requests > concurrency::MAX_LIMIT {
+                    return Err(ParameterError {
+                        parameter: None,
+                        field: "requests_per_unit",
+                        reason: format!(
+                            "concurrency keeps one entry per take in flight, so its limit is capped at {} (got {requests})",
+                            concurrency::MAX_LIMIT
+                        ),
+                    });
+                }
+                Algorithm::Concurrency
+            }
         };
         let params = Params {
             algorithm: configured,
@@ -223,7 +244,9 @@ impl Algorithm {
         match self {
             Algorithm::SlidingWindow => Some(requests),
             Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => Some(burst),
-            Algorithm::FixedWindow { .. } | Algorithm::SlidingLog { .. } => None,
+            Algorithm::FixedWindow { .. }
+            | Algorithm::SlidingLog { .. }
+            | Algorithm::Concurrency => None,
         }
     }
 }
@@ -251,7 +274,9 @@ impl fmt::Display for Algorithm {
             Algorithm::FixedWindow { anchor } if anchor != Anchor::Epoch => {
                 write!(f, " anchor={}", anchor.name())
             }
-            Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => Ok(()),
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow | Algorithm::Concurrency => {
+                Ok(())
+            }
             Algorithm::SlidingLog { min_interval } => write!(f, " min_interval={min_interval}us"),
             Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => {
                 write!(f, " burst={burst}")
@@ -343,6 +368,8 @@ pub fn decide(
         Algorithm::SlidingLog { min_interval } => run!(SlidingLog, sliding_log(min_interval)),
         Algorithm::TokenBucket { burst } => run!(TokenBucket, token_bucket(burst)),
         Algorithm::Gcra { burst } => run!(Gcra, gcra(burst)),
+        // Holds are kept as a sliding log's runs.
+        Algorithm::Concurrency => run!(SlidingLog, concurrency()),
     };
     let mut outcome = Outcome {
         reset_after: in_ticks.reset_after.saturating_mul(tick),

@@ -22,7 +22,7 @@ fn names_and_tags_are_declared_once_and_parse_back() {
     }
     assert_eq!(
         "leaky_bucket".parse::<Algorithm>(),
-        Err("expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra, got \"leaky_bucket\"".to_owned())
+        Err("expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra|concurrency, got \"leaky_bucket\"".to_owned())
     );
     let tags: std::collections::HashSet<_> = Algorithm::ALL.map(Algorithm::key_tag).into();
     assert_eq!(tags.len(), Algorithm::ALL.len());

@@ -250,6 +250,7 @@ fn hits_of(params: &Params, user: u64, count: usize) -> Vec<Hit> {
             params: *params,
             hits: 1,
             role: Role::Enforced,
+            charge: Charge::IfAllowed,
             lease: crate::limit::Lease::AsConfigured,
         })
         .collect()
@@ -270,7 +271,6 @@ fn call(hits: &[Hit], grace_ms: u64, writes: Writes) -> Call<'_> {
         op: Op::Apply { now: AT },
         hits,
         node: None,
-        charge: Charge::IfAllowed,
         complete: true,
         prefix: "",
         grace_ms,

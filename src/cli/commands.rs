@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use super::{CheckArgs, Command, HealthArgs, QueryArgs, ResetArgs, ServeArgs};
-use crate::algorithm::Charge;
 use crate::bench::BenchArgs;
 use crate::bench::rlqs::QuotaBenchArgs;
 use crate::reload::RulesOptions;
@@ -52,11 +51,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     args.listen.check_distinct(args.metrics.metrics_addr)?;
     let options = args.options();
-    if args.store.lease == LeaseMode::Auto && args.store.charge == Charge::Always {
-        anyhow::bail!(
-            "--lease auto (TOLLGATE_LEASE) cannot be combined with --count-denied: a leased slice cannot count denied hits"
-        );
-    }
     if args.store.lease == LeaseMode::Auto && args.store.deny_cache_max_ttl.is_zero() {
         anyhow::bail!(
             "--lease auto (TOLLGATE_LEASE) needs --deny-cache-max-ttl above 0s: a leased slice lives that long"

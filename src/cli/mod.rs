@@ -221,7 +221,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::algorithm::Charge;
     use crate::service::ServiceOptions;
     use crate::storage::options::StoreSpec;
 
@@ -244,12 +243,8 @@ mod tests {
         assert_eq!(args.admin, crate::admin::writes::AdminWrites::default());
         let store = crate::storage::options::StoreOptions::default();
         assert_eq!(
-            (
-                args.store.url.as_str(),
-                args.store.timeout,
-                args.store.charge
-            ),
-            (store.url.as_str(), store.timeout, store.charge)
+            (args.store.url.as_str(), args.store.timeout),
+            (store.url.as_str(), store.timeout)
         );
     }
 
@@ -332,7 +327,7 @@ mod tests {
         assert_eq!(args.listen.http_addr.port(), 8080);
         assert_eq!(args.store.spec().unwrap(), StoreSpec::Memory);
         assert_eq!(args.store_options().memory_max_keys, 1_000_000);
-        assert_eq!(args.store.charge, Charge::IfAllowed);
+        assert!(!args.options().modes.count_denied);
         assert_eq!(
             args.options().service,
             ServiceOptions::default(),
@@ -360,7 +355,7 @@ mod tests {
         let Command::Serve(args) = cli.command else {
             panic!("expected serve");
         };
-        assert_eq!(args.store.charge, Charge::Always);
+        assert!(args.options().modes.count_denied);
         assert!(args.options().modes.global_shadow);
         assert_eq!(args.options().service.input_limits.max_descriptors, 8);
         assert_eq!(args.shutdown.drain_timeout, Duration::from_secs(2));

@@ -1,6 +1,6 @@
 //! `rate_limit` / `rate_limits` → the limits of a rule: unit and count as the reference, plus
-//! tollgate's extensions (algorithm, unit_multiplier, burst, min_interval, anchor), each
-//! accepted only where it applies.
+//! tollgate's extensions (algorithm, unit_multiplier, burst, min_interval, anchor, lease,
+//! charges), each accepted only where it applies.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use super::error::ConfigError;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
 use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters, leased};
 use crate::clock::Micros;
-use crate::limit::{Lease, Limit, Unit};
+use crate::limit::{Charges, Lease, Limit, Unit};
 use crate::rules::Policy;
 
 /// The longest window, ten years: far beyond any real limit, far below overflow.
@@ -166,6 +166,7 @@ impl Spec<'_> {
             ),
             ("anchor", raw.anchor.as_ref().map(|s| s.referenced.line())),
             ("lease", raw.lease.as_ref().map(|s| s.referenced.line())),
+            ("charges", raw.charges.as_ref().map(|s| s.referenced.line())),
         ];
         match fields
             .into_iter()
@@ -195,10 +196,67 @@ impl Spec<'_> {
             name: self.name(),
             algorithm: Algorithm::default(),
             lease: Lease::AsConfigured,
+            charges: Charges::AsConfigured,
         };
         limit.algorithm = self.algorithm(&limit)?;
         limit.lease = self.lease(&limit)?;
+        limit.charges = self.charges(&limit)?;
         Ok(limit)
+    }
+
+    /// `charges`: a concurrency limit's takes are reservations (a refused take holds
+    /// nothing, and the end of a stream gives back what it took), and a limit that reports
+    /// what it reserved needs the name it reports it under.
+    fn charges(&self, limit: &Limit) -> Result<Charges, ConfigError> {
+        let charges = match &self.raw.charges {
+            None => Charges::AsConfigured,
+            Some(charges) => {
+                let line = charges.referenced.line();
+                let found = Charges::NAMES
+                    .iter()
+                    .find(|(name, _)| *name == charges.value);
+                let Some((_, parsed)) = found else {
+                    let names: Vec<&str> = Charges::NAMES.iter().map(|(name, _)| *name).collect();
+                    return Err(self.error(
+                        line,
+                        "charges",
+                        format!(
+                            "expected one of {}, got {:?}",
+                            names.join("|"),
+                            charges.value
+                        ),
+                    ));
+                };
+                if limit.algorithm == Algorithm::Concurrency && *parsed != Charges::Reserve {
+                    return Err(self.error(
+                        line,
+                        "charges",
+                        "a concurrency limit's takes are reservations: leave charges out, or write reserve",
+                    ));
+                }
+                *parsed
+            }
+        };
+        let reserves = charges == Charges::Reserve || limit.algorithm == Algorithm::Concurrency;
+        if reserves && limit.name.is_none() {
+            let (field, why) = match limit.algorithm {
+                Algorithm::Concurrency => ("algorithm", "a concurrency limit"),
+                _ => ("charges", "charges: reserve"),
+            };
+            let line = match field {
+                "algorithm" => self.raw.algorithm.as_ref(),
+                _ => self.raw.charges.as_ref(),
+            }
+            .map_or(self.line, |spanned| spanned.referenced.line());
+            return Err(self.error(
+                line,
+                field,
+                format!(
+                    "{why} needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back"
+                ),
+            ));
+        }
+        Ok(charges)
     }
 
     /// `lease`: only a fixed window aligned on the epoch (its budget is one count per window)

@@ -56,6 +56,7 @@ pub(super) struct RawRateLimit {
     pub(super) min_interval: Option<Spanned<String>>,
     pub(super) anchor: Option<Spanned<String>>,
     pub(super) lease: Option<Spanned<String>>,
+    pub(super) charges: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,7 +203,7 @@ fn unclosed_bracket(text: &str, until: Option<u64>) -> Option<(u64, char)> {
 /// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
 /// the wrapper's, not a YAML key.
 fn yaml_path(path: &serde_path_to_error::Path) -> String {
-    const SPANNED_FIELDS: [&str; 14] = [
+    const SPANNED_FIELDS: [&str; 15] = [
         "domain",
         "key",
         "value",
@@ -217,6 +218,7 @@ fn yaml_path(path: &serde_path_to_error::Path) -> String {
         "min_interval",
         "anchor",
         "lease",
+        "charges",
     ];
     use serde_path_to_error::Segment;
     let mut out = String::new();

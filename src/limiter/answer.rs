@@ -1,13 +1,14 @@
 //! A decision from what the store decided: the overall code, each descriptor's status (the
-//! limit it reports, its remaining and reset), the matched rules' metadata, and the per-limit
-//! metrics counted.
+//! limit it reports, its remaining and reset), the matched rules' metadata, what the request
+//! reserved, and the per-limit metrics counted.
 
 use std::sync::Arc;
 
 use super::{Code, Decision, DescriptorStatus, Found, PerDescriptor, RateLimiter, Resolved};
-use crate::algorithm::Outcome;
+use crate::algorithm::{Charge, Outcome};
 use crate::descriptor::Request;
 use crate::storage::rule::rejects;
+use crate::storage::{Hit, Role};
 
 impl RateLimiter {
     /// The answer, from what the store decided, and the per-limit metrics counted.
@@ -16,6 +17,7 @@ impl RateLimiter {
         request: &Request,
         matches: &[Found<'_>],
         resolved: PerDescriptor<Resolved<'_>>,
+        hits: &[Hit],
         outcomes: &[Outcome],
     ) -> Decision {
         // The store vetoes by the same rule, so the answer matches what was consumed.
@@ -23,6 +25,7 @@ impl RateLimiter {
         let overall = if over { Code::OverLimit } else { Code::Ok };
         self.record(request, matches, &resolved, outcomes);
         let metadata = rule_metadata(matches, &resolved);
+        let reserved = reserved(&resolved, hits, outcomes, over);
         let statuses: Vec<DescriptorStatus> = resolved
             .into_iter()
             .map(|resolved| status(resolved, outcomes))
@@ -31,8 +34,51 @@ impl RateLimiter {
             overall,
             statuses,
             metadata,
+            reserved,
         }
     }
+}
+
+/// What the request consumed on each limit that reports it (`Limit::reserved_as`), by name:
+/// a charge admitted by a request that was not rejected, or a charge that counts whatever
+/// its fate. Two descriptors reporting one name report the smaller: the end of the stream
+/// then never gives back more than either reserved.
+fn reserved(
+    resolved: &[Resolved<'_>],
+    hits: &[Hit],
+    outcomes: &[Outcome],
+    over: bool,
+) -> Vec<(String, u64)> {
+    let mut reserved: Vec<(String, u64)> = Vec::new();
+    for resolved in resolved {
+        let Resolved::Limited {
+            limits, first_hit, ..
+        } = resolved
+        else {
+            continue;
+        };
+        for (offset, limit) in limits.iter().enumerate() {
+            let (Some(name), Some(hit), Some(outcome)) = (
+                limit.reserved_as(),
+                hits.get(first_hit + offset),
+                outcomes.get(first_hit + offset),
+            ) else {
+                continue;
+            };
+            let consumed = match hit.charge {
+                Charge::Always => true,
+                Charge::IfAllowed => outcome.allowed && !over,
+            };
+            if hit.role == Role::Refund || hit.hits == 0 || !consumed {
+                continue;
+            }
+            match reserved.iter_mut().find(|(known, _)| known == name) {
+                Some((_, hits)) => *hits = (*hits).min(hit.hits),
+                None => reserved.push((name.to_owned(), hit.hits)),
+            }
+        }
+    }
+    reserved
 }
 
 /// Per descriptor, the metadata of the rule it matched; empty (no allocation) when none has

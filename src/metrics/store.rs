@@ -1,5 +1,5 @@
-//! The stores' metrics: remote calls' duration and failures, the deny cache's answers, the
-//! memory store's counters and evictions.
+//! The stores' metrics: remote calls' duration and failures, the deny cache's answers and the
+//! denied hits it deferred, the memory store's counters and evictions.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -15,6 +15,11 @@ pub struct StoreMetrics {
     /// `tollgate_store_errors_total{kind}`.
     pub errors: Family<Labels, Counter>,
     pub deny_cache_hits: Counter,
+    /// `tollgate_deferred_hits_total`: denied hits that count, answered by the deny cache and
+    /// counted in the store later (`storage::deferred`).
+    pub deferred_hits: Counter,
+    /// `tollgate_deferred_hits_lost_total`: of those, the hits whose count failed.
+    pub deferred_hits_lost: Counter,
     pub memory_keys: Gauge,
     pub memory_evictions: Counter,
     pub memory_refusals: Counter,
@@ -27,6 +32,8 @@ impl Default for StoreMetrics {
             seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
             errors: Family::default(),
             deny_cache_hits: Counter::default(),
+            deferred_hits: Counter::default(),
+            deferred_hits_lost: Counter::default(),
             memory_keys: Gauge::default(),
             memory_evictions: Counter::default(),
             memory_refusals: Counter::default(),
@@ -50,6 +57,16 @@ impl StoreMetrics {
             "deny_cache_hits",
             "Requests answered by the local deny cache",
             self.deny_cache_hits.clone(),
+        );
+        registry.register(
+            "deferred_hits",
+            "Denied hits that count (usage, --count-denied) answered by the deny cache, counted in the store in batches",
+            self.deferred_hits.clone(),
+        );
+        registry.register(
+            "deferred_hits_lost",
+            "Deferred hits whose count in the store failed",
+            self.deferred_hits_lost.clone(),
         );
         registry.register(
             "memory_keys",

@@ -106,9 +106,8 @@ fn the_defaults_are_the_reference_defaults() {
         "REDIS_TIMEOUT is a dial timeout; calls keep tollgate's own bound"
     );
     assert!(args.store.reconnect_on_readonly);
-    assert_eq!(
-        args.store.charge,
-        crate::algorithm::Charge::Always,
+    assert!(
+        args.modes.count_denied,
         "the reference counts denied hits by default"
     );
     assert_eq!(
@@ -259,9 +258,8 @@ fn behaviour_switches() {
     assert_eq!(args.store.key_prefix, "team-a:");
     assert_eq!(args.store.deny_cache_size, 8_192);
     assert_eq!(args.metrics.near_limit_ratio, 0.9);
-    assert_eq!(
-        args.store.charge,
-        crate::algorithm::Charge::IfAllowed,
+    assert!(
+        !args.modes.count_denied,
         "true: a rejected request consumes nothing"
     );
     assert!(args.modes.global_shadow && args.modes.global_quota && args.service.dynamic_metadata);

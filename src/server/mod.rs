@@ -355,7 +355,7 @@ pub async fn run(
         .await
         .requiring_rules(Arc::clone(&rules), options.ready_needs_rules)
         .await;
-    let leases = store.leases.clone();
+    let (leases, deferred) = (store.leases.clone(), store.deferred.clone());
     let probe = tokio::spawn(health::probe_store(
         health.clone(),
         store.counters,
@@ -409,6 +409,10 @@ pub async fn run(
     // Once no call is left to decide from them, the slices' unused budget goes back.
     if let Some(leases) = leases {
         leases.give_back_all().await;
+    }
+    // And the denied hits that count, answered by the deny cache, are counted.
+    if let Some(deferred) = deferred {
+        deferred.flush_all().await;
     }
     drained
 }

@@ -105,6 +105,7 @@ impl RlsService {
                     .then(|| headers::limit_state(&decision))
                     .flatten();
                 let metadata = sent.map(|sent| dynamic_metadata::build(&sent, &decision));
+                let metadata = dynamic_metadata::with_reserved(metadata, &decision);
                 let mut response = encode(decision);
                 if let Some(values) = upstream {
                     // A name left out keeps its default.

@@ -2,7 +2,7 @@
 //! the failure mode, and the client's deadline.
 
 use super::*;
-use crate::algorithm::{Charge, Outcome};
+use crate::algorithm::Outcome;
 use crate::clock::ManualClock;
 use crate::limiter::Modes;
 use crate::pb::RateLimitService as _;
@@ -73,7 +73,7 @@ fn request(value: &str) -> pb::RateLimitRequest {
 #[tokio::test]
 async fn the_handler_answers_with_the_limited_shape() {
     let clock = ManualClock::at_seconds(2222);
-    let store = Arc::new(MemoryStore::new(100, Charge::IfAllowed, Arc::new(clock)));
+    let store = Arc::new(MemoryStore::new(100, Arc::new(clock)));
     let svc = service(store);
     let response = svc
         .should_rate_limit(Request::new(request("v")))
@@ -172,7 +172,7 @@ impl CounterReset for SilentStore {
 #[tokio::test]
 async fn a_request_whose_deadline_passed_is_not_decided() {
     let clock = ManualClock::at_seconds(2222);
-    let store = Arc::new(MemoryStore::new(100, Charge::IfAllowed, Arc::new(clock)));
+    let store = Arc::new(MemoryStore::new(100, Arc::new(clock)));
     let svc = service(store);
     let passed = Deadline {
         at: tokio::time::Instant::now(),

@@ -1,8 +1,10 @@
 //! The local deny cache, in front of a remote store: when the store says a counter is denied
 //! until some instant, later requests whose every counter is known denied are answered here,
 //! without a round trip (a client hammering a limit it is over costs Redis nothing, and keeps
-//! being denied while Redis is down). Only for the default charge (with `--count-denied` a
-//! denied hit must still be counted in the store).
+//! being denied while Redis is down). A denied charge that counts whether admitted or not
+//! (usage, `--count-denied`) is answered here too, and counted in the store in a batch
+//! (`deferred.rs`). A concurrency limit's denials are not kept: a stream ending anywhere
+//! frees a hold before any time this cache could trust.
 //!
 //! Safe: a denial lasts at least until its `retry_after` whatever other replicas do (they can
 //! only consume more), except for a give-back of a vetoed request or a client's refund on
@@ -23,9 +25,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use lru::LruCache;
 use prometheus_client::metrics::counter::Counter;
 
+use super::deferred::Deferred;
 use super::keys::CounterKey;
 use super::{CounterStore, Hit, Role, StoreError};
-use crate::algorithm::{Outcome, Params};
+use crate::algorithm::{Algorithm, Outcome, Params};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
 
@@ -146,7 +149,8 @@ impl DenyCache {
         }
         let mut entries = entries.lock().unwrap_or_else(PoisonError::into_inner);
         for (hit, outcome) in hits.iter().zip(outcomes) {
-            if outcome.allowed || repeated.contains(&hit.key) {
+            let concurrency = hit.params.algorithm == Algorithm::Concurrency;
+            if outcome.allowed || repeated.contains(&hit.key) || concurrency {
                 entries.pop(&hit.key);
             } else if outcome.retry_after > 0 {
                 let denied = Denied {
@@ -168,6 +172,9 @@ impl DenyCache {
 pub struct DenyCached {
     inner: Arc<dyn CounterStore>,
     cache: DenyCache,
+    /// Where the denied hits that count go, answered here; `None`: such requests go to the
+    /// store.
+    deferred: Option<Arc<Deferred>>,
     clock: Arc<dyn Clock>,
     /// `tollgate_deny_cache_hits`.
     hits_metric: Counter,
@@ -183,8 +190,17 @@ impl DenyCached {
         Self {
             inner,
             cache: DenyCache::new(capacity, max_ttl),
+            deferred: None,
             clock,
             hits_metric: Counter::default(),
+        }
+    }
+
+    /// Answers denied charges that count too, deferring their count to `deferred`.
+    pub fn deferring_to(self, deferred: Arc<Deferred>) -> Self {
+        Self {
+            deferred: Some(deferred),
+            ..self
         }
     }
 
@@ -212,7 +228,9 @@ impl DenyCached {
 impl CounterStore for DenyCached {
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         let now = self.clock.now();
-        if let Some(outcomes) = self.cache.answer(hits, now) {
+        if let Some(outcomes) = self.cache.answer(hits, now)
+            && self.defer(hits)
+        {
             self.hits_metric.inc();
             return Ok(outcomes);
         }
@@ -223,6 +241,21 @@ impl CounterStore for DenyCached {
 
     async fn ping(&self) -> Result<(), StoreError> {
         self.inner.ping().await
+    }
+}
+
+impl DenyCached {
+    /// Whether a request answered here has nothing left to count in the store, or has
+    /// deferred it: its denied charges that count are added to the next batch.
+    fn defer(&self, hits: &[Hit]) -> bool {
+        use crate::algorithm::Charge;
+        let counts = |hit: &Hit| hit.charge == Charge::Always && hit.hits > 0;
+        if !hits.iter().any(counts) {
+            return true;
+        }
+        self.deferred
+            .as_ref()
+            .is_some_and(|deferred| deferred.defer(hits).is_ok())
     }
 }
 
@@ -245,6 +278,7 @@ mod tests {
             params,
             hits,
             role: Role::Enforced,
+            charge: crate::algorithm::Charge::IfAllowed,
             lease: crate::limit::Lease::AsConfigured,
         }
     }

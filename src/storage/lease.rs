@@ -6,8 +6,12 @@
 //! replica) takes a slice of what its window has left in one store call (`CounterLease`); the
 //! store counts the slice as hits, so slices outstanding never exceed what the limit has left
 //! and the fleet never admits more than the limit. A request whose every hit fits in this
-//! replica's slices is answered from them; any other request goes to the store as it would
-//! without leases, slices untouched, so a request stays all-or-nothing whatever its mix. The
+//! replica's slices is answered from them (a client's refund of a fixed window's goes back
+//! into the slice, up to what the slice spent in its window: as the store would have given
+//! it back off a count that holds the slice's grant); any other request goes to the store as
+//! it would without leases, slices untouched, so a request stays all-or-nothing whatever its
+//! mix, and a charge that counts whether admitted or not (usage, `--count-denied`) and does
+//! not fit is counted there, past the limit too. The
 //! next slice is asked for in the background when the slice runs low: a decision never waits
 //! on a lease, and each lease checks that the store still counts what this replica holds
 //! (a reset, a flush or a failover since makes the slice stale). Unused budget goes back (a
@@ -27,12 +31,12 @@ use std::time::Duration;
 
 use super::keys::CounterKey;
 use super::{CounterLease, CounterStore, DecideAtOnce, HeldLeases, Hit, PerHit, Role, StoreError};
-use crate::algorithm::{Algorithm, Anchor, Outcome, Params, State, leased};
+use crate::algorithm::{Algorithm, Anchor, Outcome, Params, leased};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::limit::Lease;
 use crate::metrics::Metrics;
 use crate::metrics::lease::LeaseMetrics;
-use slice::{Followers, Spotter};
+use slice::{Followers, Return, Spotter};
 
 /// How this replica leases (`--lease` and its companions).
 #[derive(Debug, Clone, Copy)]
@@ -125,10 +129,6 @@ struct Asked {
     call: u64,
 }
 
-/// A return to send: the hit to give back (`hits` unused), the instant of its lease, the
-/// state a bucket's return requires, the call's number.
-type Return = (Hit, Micros, Option<State>, u64);
-
 impl Leased {
     pub fn new(
         store: Arc<dyn CounterStore>,
@@ -148,10 +148,13 @@ impl Leased {
         leased
     }
 
-    /// Whether `hit`'s counter may be leased when busy (a refund goes to the store).
+    /// Whether `hit` may be answered from its counter's slice: a charge on a counter leased
+    /// when busy, or a client's refund of a fixed window's, which goes back into the slice
+    /// it was spent from (`slice::take`; a bucket's goes to the store, which knows which
+    /// emission slots it frees).
     fn leasable(&self, hit: &Hit) -> bool {
-        hit.role != Role::Refund
-            && leased_when_busy(hit.lease, &hit.params, self.settings.by_default)
+        let into_slice = hit.role != Role::Refund || !leased::is_bucket(&hit.params);
+        into_slice && leased_when_busy(hit.lease, &hit.params, self.settings.by_default)
     }
 
     /// How long a slice of `hit`'s counter is used: a fixed window's, `--deny-cache-max-ttl`
@@ -208,10 +211,22 @@ impl Leased {
         futures_util::future::join_all(giving).await;
     }
 
-    /// Ends the call numbered `call` on the counter of `key`, if it is the one in flight.
+    /// Ends the call numbered `call` on the counter of `key`, if it is the one in flight;
+    /// then sends the return parked meanwhile, if any.
     fn ended(&self, key: &CounterKey, call: u64) {
-        if let Some(followed) = self.book().counters.get_mut(key) {
+        let parked = {
+            let mut guard = self.book();
+            let Book {
+                counters, calls, ..
+            } = &mut *guard;
+            let Some(followed) = counters.get_mut(key) else {
+                return;
+            };
             followed.ended(call);
+            followed.next_parked(calls)
+        };
+        if let Some((hit, at, after, call)) = parked {
+            self.spawn_return(hit, at, after, call);
         }
     }
 

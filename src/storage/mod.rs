@@ -5,11 +5,13 @@
 //! when an enforced descriptor is over, or when it has quota descriptors and all of them are
 //! over (quota_mode, as the reference computes the overall code); see `rejects`. Shadow hits
 //! never veto. When vetoed, nothing is consumed and the allowed hits report their unchanged
-//! counters. With `Charge::Always` (`--count-denied`) every hit consumes, as in the reference.
+//! counters, except the hits whose charge is `Charge::Always` (usage, `--count-denied`):
+//! those consume, admitted or not, as the reference counts every hit.
 //!
 //! This file is the vocabulary every store shares; `rule.rs` is the request rule every store
 //! applies; `stack.rs` builds the store as served.
 
+pub mod deferred;
 pub mod deny_cache;
 pub mod guard;
 pub mod keys;
@@ -23,7 +25,7 @@ pub mod stack;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Outcome, Params, State};
+use crate::algorithm::{Charge, Outcome, Params, State};
 use crate::clock::Micros;
 use crate::limit::Lease;
 use keys::CounterKey;
@@ -55,6 +57,9 @@ pub struct Hit {
     pub params: Params,
     pub hits: u64,
     pub role: Role,
+    /// Whether it consumes when denied or vetoed (usage reported after the fact, or
+    /// `--count-denied`), or only when the request is admitted. A refund's is `IfAllowed`.
+    pub charge: Charge,
     /// Its rule's `lease` (`lease.rs`).
     pub lease: Lease,
 }
@@ -150,6 +155,29 @@ pub trait DecideAtOnce: Send + Sync + 'static {
     fn apply_at_once(&self, hits: &[Hit]) -> Option<Result<PerHit<Outcome>, StoreError>>;
 }
 
+/// The clock of a store shared by replicas, which leases and deferred counts go by.
+pub trait StoreClock: Send + Sync + 'static {
+    /// The instant the store of `hit`'s counter decides at right now (Redis's clock, as this
+    /// replica tracks it).
+    fn instant(&self, hit: &Hit) -> Result<Micros, StoreError>;
+}
+
+/// Counting hits at an instant that has passed: the denied hits that count, which the deny
+/// cache answered and defers (`deferred.rs`), counted at the instants they were denied.
+#[tonic::async_trait]
+pub trait CountLater: StoreClock {
+    /// Decides `hits` at `at`, an instant of their store's clock (one counter's: a deferred
+    /// count sends one), as `CounterStore::apply` decides at now.
+    async fn apply_at(&self, hits: &[Hit], at: Micros) -> Result<Vec<Outcome>, StoreError>;
+}
+
+/// What this replica answered for the store and has still to count there, counted at once
+/// (graceful shutdown).
+#[tonic::async_trait]
+pub trait Flush: Send + Sync + 'static {
+    async fn flush_all(&self);
+}
+
 /// Forgetting counters: an operator's reset (`POST /reset`), off the request path.
 #[tonic::async_trait]
 pub trait CounterReset: Send + Sync + 'static {
@@ -163,11 +191,7 @@ pub trait CounterReset: Send + Sync + 'static {
 /// does not use it gives back (a fixed window's while the window lasts, a bucket's while
 /// nobody has taken from it since).
 #[tonic::async_trait]
-pub trait CounterLease: Send + Sync + 'static {
-    /// The instant the store of `hit`'s counter decides at right now (Redis's clock, as this
-    /// replica tracks it).
-    fn instant(&self, hit: &Hit) -> Result<Micros, StoreError>;
-
+pub trait CounterLease: StoreClock {
     /// Takes up to `hit.hits` of the budget of `hit`'s counter at `at` (a fixed window's: of
     /// the window of `at`), for a slice used until `at + life` at the latest (a bucket's hits
     /// are taken for that life, `algorithm::leased`); `held` is what this replica believes it
@@ -210,6 +234,9 @@ pub struct Grant {
     pub granted: u64,
     /// What nobody holds after the grant: the hits a decision now would find.
     pub unleased: u64,
+    /// Whether the counter is past its limit (a charge that counts whether admitted or not,
+    /// usage, took it there): what any replica holds of it is then no budget left.
+    pub overrun: bool,
     /// How many replicas hold part of the counter's budget (a fixed window's: or held, this
     /// window).
     pub holders: u64,
@@ -246,6 +273,8 @@ pub struct Store {
     pub at_once: Option<Arc<dyn DecideAtOnce>>,
     /// `Some` for a store shared by replicas that leases busy counters (`lease.rs`).
     pub leases: Option<Arc<dyn HeldLeases>>,
+    /// `Some` for a store whose deny cache defers the denied hits that count (`deferred.rs`).
+    pub deferred: Option<Arc<dyn Flush>>,
 }
 
 impl Store {
@@ -257,6 +286,7 @@ impl Store {
             demand: None,
             at_once: None,
             leases: None,
+            deferred: None,
         }
     }
 

@@ -10,7 +10,6 @@ use clap::builder::{BoolishValueParser, TypedValueParser};
 
 use super::redis::call::{SlidingWindowLayout, StateLayout};
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
-use crate::algorithm::Charge;
 use crate::clock::Clock;
 use crate::storage::memory::WhenFull;
 
@@ -161,11 +160,6 @@ pub struct StoreOptions {
     #[arg(long, env = "TOLLGATE_MEMORY_WHEN_FULL", value_enum, default_value_t = WhenFull::Refuse)]
     pub memory_when_full: WhenFull,
 
-    /// Count hits on every descriptor even when the request is rejected (the reference's
-    /// behaviour). By default a rejected request consumes nothing.
-    #[arg(long = "count-denied", env = "TOLLGATE_COUNT_DENIED", num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = BoolishValueParser::new().map(charge))]
-    pub charge: Charge,
-
     /// Serving runtimes (`--runtime per-core`: one per core; else 1). Each runtime besides
     /// the main one gets a Redis connection of its own, made on it, so that the connection's
     /// driver task runs on the same thread as the calls it carries.
@@ -202,17 +196,7 @@ impl std::fmt::Debug for StoreOptions {
             )
             .field("key_prefix", &self.key_prefix)
             .field("timeout", &self.timeout)
-            .field("charge", &self.charge)
             .finish_non_exhaustive()
-    }
-}
-
-/// `--count-denied`.
-fn charge(count_denied: bool) -> Charge {
-    if count_denied {
-        Charge::Always
-    } else {
-        Charge::IfAllowed
     }
 }
 
@@ -329,7 +313,6 @@ mod tests {
         assert_eq!(options.connect_timeout, Duration::from_secs(1));
         assert_eq!(options.stuck_after, Duration::from_secs(60));
         assert!(options.reconnect_on_readonly);
-        assert_eq!(options.charge, Charge::IfAllowed);
         assert_eq!(
             (
                 options.deny_cache_size,

@@ -6,14 +6,17 @@
 //! - The request is *vetoed* when an enforced descriptor is over, or, when the hits are the
 //!   whole request, when it has quota descriptors and every one is over (`rejects`, which
 //!   also gives the limiter its overall code). Shadow hits never veto. A descriptor is over
-//!   when any of its hits (one per limit) is denied. With `Charge::Always` (`--count-denied`)
-//!   nothing is vetoed: every hit counts, as in the reference.
-//! - A vetoed request consumes nothing: its admitted hits report a check (0 hits) on their
-//!   counters as found.
-//! - Refund hits (`Role::Refund`) give their hits back (`algorithm::refund`) and are answered
-//!   allowed. They never veto, and a veto does not undo them: what the client returns is
-//!   returned whatever its other descriptors asked (a refund is usually sent alone, when a
-//!   stream ends, and a mixed request must not lose it to an unrelated denial).
+//!   when any of its hits (one per limit) is denied. A request with no hit a veto would undo
+//!   (every charge `Charge::Always`) is never vetoed.
+//! - A vetoed request consumes nothing on its `Charge::IfAllowed` charges: their admitted
+//!   hits report a check (0 hits) on their counters as the hits a veto keeps left them.
+//! - A veto keeps what must count whatever the request's fate:
+//!   - refund hits (`Role::Refund`) give their hits back (`algorithm::refund`) and are
+//!     answered allowed. They never veto: what the client returns is returned whatever its
+//!     other descriptors asked (a refund is usually sent alone, when a stream ends, and a
+//!     mixed request must not lose it to an unrelated denial);
+//!   - `Charge::Always` charges (usage reported after the fact, `--count-denied`) consume,
+//!     admitted or not, and veto as any charge does.
 //!
 //! The memory store applies `decide` to its map; the Redis layouts that answer the counters
 //! they found are decoded by it (their Lua applies the same rule, `lua/rule.lua`, to decide
@@ -59,15 +62,9 @@ impl Decided {
 
 /// Decides `hits` at `now` on the states their counters were `found` in (per hit; for a
 /// counter named more than once, its first hit's), `complete` when they are the whole request.
-pub fn decide(
-    hits: &[Hit],
-    found: &[Option<&State>],
-    now: Micros,
-    charge: Charge,
-    complete: bool,
-) -> Decided {
+pub fn decide(hits: &[Hit], found: &[Option<&State>], now: Micros, complete: bool) -> Decided {
     if let [hit] = hits {
-        return decide_one(hit, found, now, charge, complete);
+        return decide_one(hit, found, now, complete);
     }
     // Per hit: the state it leaves its counter in, its outcome, and when what it wrote may be
     // forgotten (`None`: it wrote nothing).
@@ -79,14 +76,13 @@ pub fn decide(
             Some(earlier) => left[earlier].as_ref(),
             None => found[index],
         };
-        let transition = transition(hit, before, now, charge);
+        let transition = transition(hit, before, now);
         outcomes.push(transition.outcome);
         wrote.push(transition.state.as_ref().map(|_| transition.expires_at));
         let state = transition.state.or_else(|| before.cloned());
         left.push(state);
     }
-    let vetoed =
-        charge == Charge::IfAllowed && vetoes(hits, |index| outcomes[index].allowed, complete);
+    let vetoed = undone_by_veto(hits) && vetoes(hits, |index| outcomes[index].allowed, complete);
     if vetoed {
         return vetoed_with_refunds(hits, found, now, outcomes);
     }
@@ -99,17 +95,11 @@ pub fn decide(
 
 /// `decide` for the common request of one hit: no counter can be named twice, so what its
 /// hit leaves is what is written.
-fn decide_one(
-    hit: &Hit,
-    found: &[Option<&State>],
-    now: Micros,
-    charge: Charge,
-    complete: bool,
-) -> Decided {
+fn decide_one(hit: &Hit, found: &[Option<&State>], now: Micros, complete: bool) -> Decided {
     let hits = std::slice::from_ref(hit);
-    let transition = transition(hit, found[0], now, charge);
+    let transition = transition(hit, found[0], now);
     let outcomes: PerHit<Outcome> = smallvec::smallvec![transition.outcome];
-    if charge == Charge::IfAllowed && vetoes(hits, |_| transition.outcome.allowed, complete) {
+    if undone_by_veto(hits) && vetoes(hits, |_| transition.outcome.allowed, complete) {
         return vetoed_with_refunds(hits, found, now, outcomes);
     }
     let expires_at = transition.expires_at;
@@ -143,23 +133,31 @@ fn last_writes(
 }
 
 /// What one hit does to the state its counter is in.
-fn transition(
-    hit: &Hit,
-    before: Option<&State>,
-    now: Micros,
-    charge: Charge,
-) -> algorithm::Transition {
+fn transition(hit: &Hit, before: Option<&State>, now: Micros) -> algorithm::Transition {
     match hit.role {
         Role::Refund => algorithm::given_back::refund(&hit.params, before, now, hit.hits),
         Role::Enforced | Role::Quota | Role::Shadow => {
-            algorithm::decide(&hit.params, before, now, hit.hits, charge)
+            algorithm::decide(&hit.params, before, now, hit.hits, hit.charge)
         }
     }
 }
 
-/// A vetoed request: nothing is consumed, but its refunds are still given back. Every charge
-/// reports a check on its counter as the refunds before it left it (a denied one keeps its
-/// denial); every refund, its refund; each counter a refund changed is written.
+/// Whether a hit stands whatever the request's fate: a refund, or a charge that counts
+/// admitted or not.
+fn kept_by_veto(hit: &Hit) -> bool {
+    hit.role == Role::Refund || hit.charge == Charge::Always
+}
+
+/// Whether a veto would undo any of `hits`: a request whose every hit a veto keeps is never
+/// vetoed (it consumes as decided, as `--count-denied` requests always did).
+pub fn undone_by_veto(hits: &[Hit]) -> bool {
+    !hits.iter().all(kept_by_veto)
+}
+
+/// A vetoed request: nothing is consumed but what a veto keeps (`kept_by_veto`), decided
+/// again on the chain of those alone. Every other charge reports a check on its counter as
+/// the kept hits before it left it (a denied one keeps its denial); each counter a kept hit
+/// changed is written.
 fn vetoed_with_refunds(
     hits: &[Hit],
     found: &[Option<&State>],
@@ -167,20 +165,20 @@ fn vetoed_with_refunds(
     mut outcomes: PerHit<Outcome>,
 ) -> Decided {
     let mut left: PerHit<Option<State>> = SmallVec::with_capacity(hits.len());
-    let mut refunded: PerHit<Option<Micros>> = SmallVec::with_capacity(hits.len());
+    let mut kept: PerHit<Option<Micros>> = SmallVec::with_capacity(hits.len());
     for (index, hit) in hits.iter().enumerate() {
         let before = match earlier(hits, index) {
             Some(earlier) => left[earlier].as_ref(),
             None => found[index],
         };
-        let (state, expires_at) = match hit.role {
-            Role::Refund => {
-                let refund = transition(hit, before, now, Charge::IfAllowed);
-                outcomes[index] = refund.outcome;
-                let expires_at = refund.state.as_ref().map(|_| refund.expires_at);
-                (refund.state.or_else(|| before.cloned()), expires_at)
+        let (state, expires_at) = match kept_by_veto(hit) {
+            true => {
+                let kept = transition(hit, before, now);
+                outcomes[index] = kept.outcome;
+                let expires_at = kept.state.as_ref().map(|_| kept.expires_at);
+                (kept.state.or_else(|| before.cloned()), expires_at)
             }
-            _ => {
+            false => {
                 if outcomes[index].allowed {
                     outcomes[index] =
                         algorithm::decide(&hit.params, before, now, 0, Charge::IfAllowed).outcome;
@@ -189,12 +187,12 @@ fn vetoed_with_refunds(
             }
         };
         left.push(state);
-        refunded.push(expires_at);
+        kept.push(expires_at);
     }
     Decided {
         outcomes,
         committed: false,
-        writes: last_writes(hits, left, &refunded),
+        writes: last_writes(hits, left, &kept),
     }
 }
 

@@ -1,22 +1,24 @@
 //! The store as served: which store (`--store`, `--store-per-second`), and around a remote
 //! one the layers that make it safe to call on every request: the deny cache in front of the
 //! timeout and circuit breaker (`guard`), so that cached denials neither reset the breaker nor
-//! wait for it; in front of both, the leases of busy counters (`lease`). Beside the decision
-//! path, the reset (which forgets the deny cache's denials
-//! too) and the demand sharing of RLQS, each built here for what it reaches (`Store`).
+//! wait for it, with the denied hits that count deferred to the store beside it
+//! (`deferred`); in front of both, the leases of busy counters (`lease`). Beside the
+//! decision path, the reset (which forgets the deny cache's denials too), the demand sharing
+//! of RLQS and what shutdown gives back and counts, each built here for what it reaches
+//! (`Store`).
 
 use std::sync::Arc;
 
+use super::deferred::Deferred;
 use super::lease::{LeaseSettings, Leased};
 use super::options::LeaseMode;
 use super::options::{StoreOptions, StoreSpec};
 use super::redis::RedisStore;
 use super::redis::per_second::PerSecondSplit;
 use super::{
-    CounterLease, CounterReset, CounterStore, DecideAtOnce, DemandShare, HeldLeases, Hit, Store,
-    StoreError, deny_cache, guard, memory,
+    CountLater, CounterLease, CounterReset, CounterStore, DecideAtOnce, DemandShare, Flush,
+    HeldLeases, Hit, Store, StoreError, deny_cache, guard, memory,
 };
-use crate::algorithm::Charge;
 use crate::clock::{Clock, SystemClock};
 use crate::metrics::Metrics;
 
@@ -26,7 +28,7 @@ pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) 
     let clock = local_clock(options);
     match spec {
         StoreSpec::Memory => Store::in_process(
-            memory::MemoryStore::new(options.memory_max_keys, options.charge, clock)
+            memory::MemoryStore::new(options.memory_max_keys, clock)
                 .with_when_full(options.memory_when_full)
                 .with_metrics(metrics)
                 .start(),
@@ -39,7 +41,6 @@ pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) 
             let split = PerSecondSplit::new(
                 RedisStore::start(main.clone(), options.clone()),
                 RedisStore::start(per_second.clone(), options.clone()),
-                options.charge,
             );
             remote_stack(Arc::new(split), options, metrics)
         }
@@ -49,14 +50,18 @@ pub fn build_store(spec: &StoreSpec, options: &StoreOptions, metrics: &Metrics) 
 /// A remote store wrapped as served (see the module docs).
 pub fn remote_stack<S>(store: Arc<S>, options: &StoreOptions, metrics: &Metrics) -> Store
 where
-    S: CounterStore + CounterReset + DemandShare + CounterLease,
+    S: CounterStore + CounterReset + DemandShare + CounterLease + CountLater,
 {
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
         Arc::clone(&store) as Arc<dyn CounterStore>,
         options.timeout,
         metrics.store.seconds.clone(),
     ));
-    let cache = (options.charge == Charge::IfAllowed && options.deny_cache_size > 0).then(|| {
+    let deferred = (options.deny_cache_size > 0).then(|| {
+        let late = Arc::clone(&store) as Arc<dyn CountLater>;
+        Deferred::start(late, options.timeout, metrics)
+    });
+    let cache = deferred.as_ref().map(|deferred| {
         Arc::new(
             deny_cache::DenyCached::new(
                 guarded.clone(),
@@ -64,16 +69,16 @@ where
                 micros(options.deny_cache_max_ttl),
                 local_clock(options),
             )
-            .with_metrics(metrics),
+            .with_metrics(metrics)
+            .deferring_to(Arc::clone(deferred)),
         )
     });
     let per_request = match &cache {
         Some(cache) => Arc::clone(cache) as Arc<dyn CounterStore>,
         None => guarded,
     };
-    // Leases hand out budget counted as hits, which cannot also count denied hits; and a
-    // slice lives --deny-cache-max-ttl, which at 0 leaves nothing to answer from.
-    let leasing = options.charge == Charge::IfAllowed && !options.deny_cache_max_ttl.is_zero();
+    // A slice lives --deny-cache-max-ttl, which at 0 leaves nothing to answer from.
+    let leasing = !options.deny_cache_max_ttl.is_zero();
     let leases = leasing.then(|| {
         let settings = LeaseSettings {
             by_default: options.lease == LeaseMode::Auto,
@@ -97,6 +102,7 @@ where
         demand: Some(store),
         at_once: leases.clone().map(|leases| leases as Arc<dyn DecideAtOnce>),
         leases: leases.map(|leases| leases as Arc<dyn HeldLeases>),
+        deferred: deferred.map(|deferred| deferred as Arc<dyn Flush>),
     }
 }
 

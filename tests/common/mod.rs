@@ -21,7 +21,6 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tollgate::algorithm::Charge;
 use tollgate::clock::ManualClock;
 use tollgate::metrics::Metrics;
 use tollgate::pb::{self, rate_limit_descriptor as desc, rate_limit_response as rls};
@@ -104,7 +103,6 @@ pub struct TestServer {
 
 pub struct Setup {
     pub options: Options,
-    pub charge: Charge,
     pub max_keys: usize,
     pub store: StoreKind,
     /// Bound on one Redis call; generous by default for a loaded machine.
@@ -119,7 +117,6 @@ impl Default for Setup {
     fn default() -> Self {
         Self {
             options: Options::default(),
-            charge: Charge::IfAllowed,
             max_keys: 100_000,
             store: StoreKind::Memory,
             store_timeout: Duration::from_secs(2),
@@ -127,6 +124,14 @@ impl Default for Setup {
             own_store: None,
         }
     }
+}
+
+/// Server options that count every charge, denied or not, as the reference does
+/// (`--count-denied`).
+pub fn counting_denied() -> Options {
+    let mut options = Options::default();
+    options.modes.count_denied = true;
+    options
 }
 
 /// Starts a server on `store` with the clock at `T2222`.
@@ -142,16 +147,9 @@ pub async fn start_on(store: StoreKind, files: &[(&str, &str)]) -> TestServer {
 }
 
 /// A Redis store on `url` that takes its time from `clock`, as the contract tests need.
-pub fn redis_store(
-    url: &str,
-    charge: Charge,
-    clock: &ManualClock,
-    timeout: Duration,
-    metrics: &Metrics,
-) -> Store {
+pub fn redis_store(url: &str, clock: &ManualClock, timeout: Duration, metrics: &Metrics) -> Store {
     let spec = RedisSpec::parse(url, None).unwrap().unwrap();
     let options = StoreOptions {
-        charge,
         timeout,
         deny_cache_size: 1_000,
         redis_connections: 2,
@@ -167,7 +165,7 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Store, Backing) {
     match setup.store {
         StoreKind::Memory => (
             Store::in_process(
-                MemoryStore::new(setup.max_keys, setup.charge, Arc::new(clock.clone()))
+                MemoryStore::new(setup.max_keys, Arc::new(clock.clone()))
                     .with_metrics(metrics)
                     .start(),
             ),
@@ -179,24 +177,17 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Store, Backing) {
                 StoreKind::RedisSocket => server.socket_url(),
                 _ => server.url(),
             };
-            let store = redis_store(&url, setup.charge, clock, setup.store_timeout, metrics);
+            let store = redis_store(&url, clock, setup.store_timeout, metrics);
             (store, Backing::Redis(server))
         }
         StoreKind::Sentinel => {
             let sentinels = RedisSentinels::start();
-            let store = redis_store(
-                &sentinels.url(),
-                setup.charge,
-                clock,
-                setup.store_timeout,
-                metrics,
-            );
+            let store = redis_store(&sentinels.url(), clock, setup.store_timeout, metrics);
             (store, Backing::Sentinel(sentinels))
         }
         StoreKind::PerSecond => {
             let (main, fast) = (RedisServer::start(), RedisServer::start());
             let options = StoreOptions {
-                charge: setup.charge,
                 timeout: setup.store_timeout,
                 deny_cache_size: 1_000,
                 clock: Some(Arc::new(clock.clone())),
@@ -212,13 +203,7 @@ fn build_store(setup: &Setup, clock: &ManualClock) -> (Store, Backing) {
         StoreKind::Cluster | StoreKind::ReplicatedCluster => {
             let replicas = usize::from(setup.store == StoreKind::ReplicatedCluster);
             let cluster = RedisCluster::start(3, replicas);
-            let store = redis_store(
-                &cluster.url(),
-                setup.charge,
-                clock,
-                setup.store_timeout,
-                metrics,
-            );
+            let store = redis_store(&cluster.url(), clock, setup.store_timeout, metrics);
             (store, Backing::Cluster(cluster))
         }
     }
@@ -815,8 +800,20 @@ pub async fn receive_statsd_tcp(
 /// listeners on loopback `grpc` and `http`, the rules under `root/ratelimit/config` (as
 /// RUNTIME_ROOT and RUNTIME_SUBDIRECTORY say), and `env`. Does not wait.
 pub fn spawn_reference(root: &Path, grpc: u16, http: u16, env: &[(&str, String)]) -> ChildGuard {
+    spawn_reference_with(root, grpc, http, env, &["--store", "memory"])
+}
+
+/// `spawn_reference` with `flags` after `serve --env reference` instead of the memory store.
+pub fn spawn_reference_with(
+    root: &Path,
+    grpc: u16,
+    http: u16,
+    env: &[(&str, String)],
+    flags: &[&str],
+) -> ChildGuard {
     let child = tollgate_bin()
-        .args(["serve", "--env", "reference", "--store", "memory"])
+        .args(["serve", "--env", "reference"])
+        .args(flags)
         .env_clear()
         .env("HOST", "127.0.0.1")
         .env("PORT", http.to_string())

@@ -29,7 +29,7 @@ macro_rules! config_error {
 
 config_error! {
     unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, rate_limits, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
-    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor, lease";
+    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor, lease, charges";
     yaml_syntax => "api.yaml:4: descriptors[0]: invalid indentation in multiline quoted scalar";
     missing_domain => "api.yaml:1: domain: missing; every file names its domain";
     empty_domain => "api.yaml:1: domain: must not be empty";
@@ -52,7 +52,7 @@ config_error! {
     not_a_map => "api.yaml:4: descriptors[0].rate_limit: expected a map (`name: value` lines, or `{name: value}`), got a single value or a list";
     not_a_list => "api.yaml:2: descriptors: expected a list (`- ` items, or `[…]`), got a single value or a map";
     one_bad_file_rejects_all => "bad.yaml:4: domain \"bad\" > descriptors[0] (key \"user\") > rate_limit.requests_per_unit: missing; write 0 to deny every request";
-    unknown_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra, got \"leaky_bucket\"";
+    unknown_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.algorithm: expected one of fixed_window|sliding_window|sliding_log|token_bucket|gcra|concurrency, got \"leaky_bucket\"";
     parameter_of_another_algorithm => "api.yaml:7: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.burst: only applies to token_bucket and gcra, not fixed_window";
     min_interval_on_gcra => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.min_interval: only applies to sliding_log, not gcra";
     bad_min_interval => "api.yaml:8: domain \"api\" > descriptors[0] (key \"user\") > rate_limit.min_interval: expected a duration such as 3s or 500ms, got \"soon\"";
@@ -73,6 +73,12 @@ config_error! {
     unclosed_brace => "api.yaml:4: descriptors[0].rate_limit.requests_per_unit: the \"{\" on this line is never closed: end it with \"}\" (the YAML parser found: expected a whole number from 0 to 4294967295)";
     unclosed_bracket => "api.yaml:1: domain: the \"[\" on this line is never closed: end it with \"]\" (the YAML parser found: expected a single value (text), got a list or a map)";
     list_for_a_string => "api.yaml:1: domain: expected a single value (text), got a list or a map";
+    bad_charges => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: expected one of admission|usage|reserve, got \"after\"";
+    reserve_without_a_name => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: charges: reserve needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back";
+    concurrency_without_a_name => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.algorithm: a concurrency limit needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back";
+    concurrency_charged_as_usage => "api.yaml:9: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: a concurrency limit's takes are reservations: leave charges out, or write reserve";
+    concurrency_over_cap => "api.yaml:5: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.requests_per_unit: concurrency keeps one entry per take in flight, so its limit is capped at 10000 (got 20000)";
+    unlimited_with_charges => "api.yaml:6: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: must not be set when unlimited is true";
     replaces_a_sibling => "api.yaml:6: domain \"api\" > descriptors[0] (key \"user\") > rate_limits[1].replaces: \"burst\" names a limit of this same descriptor, which would disable it";
 }
 

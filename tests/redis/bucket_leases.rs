@@ -16,7 +16,7 @@ use tollgate::clock::{MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::limit::Lease;
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::options::LeaseMode;
-use tollgate::storage::{CounterLease, Hit, Role};
+use tollgate::storage::{CounterLease, Hit, Role, StoreClock};
 
 use super::leases::{Fleet, options, ready, redis};
 
@@ -35,6 +35,7 @@ fn bucket(algorithm: Algorithm, requests: u64, hits: u64) -> Hit {
         params,
         hits,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: Lease::Auto,
     }
 }

@@ -1,6 +1,7 @@
 //! Every call layout that decides (`storage::redis::call::Layout`) against the request rule: random requests
 //! (applies, requests vetoed by another descriptor, check-only hits, the same counter twice,
-//! every algorithm, both charges, roles, declared keys and the cross-slot forms, parts of a
+//! every algorithm, both charges and both in one request, roles, declared keys and the
+//! cross-slot forms, parts of a
 //! request and refunds of committed calls) go to a real redis-server as calls, each in the
 //! layout `Layout::of` gives it, and through the Rust rule (`storage::rule::decide`,
 //! `algorithm::given_back::give_back`) on a model of the stored states; requests without refunds go to the
@@ -53,11 +54,23 @@ fn counters() -> Vec<Params> {
         params(Algorithm::TokenBucket { burst: 3 }, 3, SECOND),
         params(Algorithm::Gcra { burst: 2 }, 2, SECOND),
         params(Algorithm::default(), 0, SECOND),
+        params(Algorithm::Concurrency, 3, 10 * SECOND),
     ]
 }
 
 /// Counter 8 (limit 0) is over whatever the hits.
 const BLOCKER: usize = 8;
+
+/// How a sequence's charges count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charges {
+    /// Only when admitted (tollgate's default).
+    Admission,
+    /// Whether admitted or not (usage, `--count-denied`).
+    Usage,
+    /// Each hit one or the other, at random: a usage charge beside admissions.
+    Mixed,
+}
 
 /// What a step sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +89,7 @@ struct Sequence {
     rng: Rng,
     name: String,
     counters: Vec<Params>,
-    charge: Charge,
+    charges: Charges,
     /// Whether calls may hold part of a request and refunds be sent (the memory store, which
     /// has neither, is then left out).
     parts_and_refunds: bool,
@@ -90,6 +103,16 @@ impl Sequence {
             SlidingWindowLayout::Text
         } else {
             SlidingWindowLayout::Counters
+        }
+    }
+
+    /// A hit's charge, as the sequence's `charges` say.
+    fn charge(&mut self) -> Charge {
+        match self.charges {
+            Charges::Admission => Charge::IfAllowed,
+            Charges::Usage => Charge::Always,
+            Charges::Mixed if self.rng.below(3) == 0 => Charge::Always,
+            Charges::Mixed => Charge::IfAllowed,
         }
     }
 
@@ -108,17 +131,19 @@ impl Sequence {
             params,
             hits,
             role,
+            charge: tollgate::algorithm::Charge::IfAllowed,
             lease: tollgate::limit::Lease::AsConfigured,
         }
     }
 
     fn counter_of(&mut self, shape: Shape) -> usize {
         let epoch = [0, 1];
-        let other = [2, 3, 4, 5, 6, 7];
+        let other = [2, 3, 4, 5, 6, 7, 9];
+        let any = [0, 1, 2, 3, 4, 5, 6, 7, 9];
         match shape {
             Shape::LoneCounter | Shape::Counters => epoch[self.rng.below(2) as usize],
-            Shape::LoneOther => other[self.rng.below(6) as usize],
-            Shape::Mixed => self.rng.below(8) as usize,
+            Shape::LoneOther => other[self.rng.below(7) as usize],
+            Shape::Mixed => any[self.rng.below(9) as usize],
         }
     }
 
@@ -147,7 +172,11 @@ impl Sequence {
             if !hits.is_empty() && self.rng.below(4) != 0 {
                 descriptor += 1;
             }
-            hits.push(self.hit(counter, descriptor, amount, role));
+            let charge = self.charge();
+            hits.push(Hit {
+                charge,
+                ..self.hit(counter, descriptor, amount, role)
+            });
         }
         if veto {
             hits.push(self.hit(BLOCKER, descriptor + 1, 1, Role::Enforced));
@@ -178,7 +207,7 @@ impl Model {
             .map(Option::<&State>::cloned)
             .collect();
         let found: Vec<Option<&State>> = found.iter().map(Option::as_ref).collect();
-        let decided = rule::decide(call.hits, &found, now, call.charge, call.complete);
+        let decided = rule::decide(call.hits, &found, now, call.complete);
         for (hit, write) in call.hits.iter().zip(&decided.writes) {
             if let Some((state, _)) = write {
                 self.states.insert(call.key(hit), state.clone());
@@ -302,8 +331,8 @@ async fn run(
     steps: usize,
 ) -> HashMap<(Layout, bool), usize> {
     let clock = ManualClock::default();
-    let memory = (!sequence.parts_and_refunds)
-        .then(|| MemoryStore::new(10_000, sequence.charge, Arc::new(clock.clone())));
+    let memory =
+        (!sequence.parts_and_refunds).then(|| MemoryStore::new(10_000, Arc::new(clock.clone())));
     let mut model = Model::default();
     let mut used: HashMap<(Layout, bool), usize> = HashMap::new();
     let mut pending: Vec<Committed> = Vec::new();
@@ -314,13 +343,11 @@ async fn run(
             6..9 => sequence.rng.below(2 * SECOND),
             _ => sequence.rng.below(20 * SECOND),
         };
-        let refund = sequence.parts_and_refunds
-            && sequence.charge == Charge::IfAllowed
-            && !pending.is_empty()
-            && sequence.rng.below(8) == 0;
+        let refund =
+            sequence.parts_and_refunds && !pending.is_empty() && sequence.rng.below(8) == 0;
         let context = format!(
             "{} ({:?}) step {step} at {now}",
-            sequence.name, sequence.charge
+            sequence.name, sequence.charges
         );
         if refund {
             let pick = sequence.rng.below(pending.len() as u64) as usize;
@@ -332,7 +359,6 @@ async fn run(
                 },
                 hits: &consumed.hits,
                 node: None,
-                charge: Charge::IfAllowed,
                 complete: false,
                 prefix: "",
                 grace_ms: 3_600_000,
@@ -376,7 +402,6 @@ async fn run(
             op: Op::Apply { now: at },
             hits: &hits,
             node: cross_slot.then_some(("127.0.0.1", 1)),
-            charge: sequence.charge,
             complete,
             prefix: "",
             grace_ms: 3_600_000,
@@ -404,13 +429,18 @@ async fn run(
         for hit in &hits {
             assert_stored(connection, &model, &call, hit, &context).await;
         }
-        if reply.committed && reply.outcomes.iter().any(|o| o.allowed) {
+        // What a give-back would undo (as fanout.rs sends it): admitted charges that count
+        // only when admitted.
+        let undone = |(hit, outcome): (&Hit, &Outcome)| {
+            outcome.allowed && hit.charge == Charge::IfAllowed && hit.role != Role::Refund
+        };
+        if reply.committed && hits.iter().zip(&reply.outcomes).any(undone) {
             let given: Vec<Hit> = hits
                 .iter()
                 .zip(&reply.outcomes)
-                .map(|(hit, outcome)| Hit {
-                    hits: if outcome.allowed { hit.hits } else { 0 },
-                    ..hit.clone()
+                .map(|pair| Hit {
+                    hits: if undone(pair) { pair.0.hits } else { 0 },
+                    ..pair.0.clone()
                 })
                 .collect();
             pending.push(Committed {
@@ -432,18 +462,20 @@ async fn every_layout_answers_what_the_request_rule_answers() {
     let client = redis::Client::open(server.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let mut used: HashMap<(Layout, bool), usize> = HashMap::new();
-    for (seed, charge, parts_and_refunds) in [
-        (1, Charge::IfAllowed, false),
-        (2, Charge::Always, false),
-        (3, Charge::IfAllowed, true),
-        (4, Charge::Always, true),
+    for (seed, charges, parts_and_refunds) in [
+        (1, Charges::Admission, false),
+        (2, Charges::Usage, false),
+        (3, Charges::Admission, true),
+        (4, Charges::Usage, true),
+        (5, Charges::Mixed, false),
+        (6, Charges::Mixed, true),
     ] {
         let name = format!("seed-{seed}");
         let sequence = Sequence {
             rng: Rng(0x5eed_0000 + seed),
             counters: counters(),
             name,
-            charge,
+            charges,
             parts_and_refunds,
         };
         for (layout, count) in run(&mut connection, sequence, 1_500).await {
@@ -495,7 +527,7 @@ impl Sequence {
             rng: Rng(1),
             name: name.to_owned(),
             counters: counters(),
-            charge: Charge::IfAllowed,
+            charges: Charges::Admission,
             parts_and_refunds: false,
         }
     }
@@ -517,7 +549,6 @@ async fn a_count_call_meeting_a_counter_that_is_not_a_count_fails_and_changes_no
             op: Op::Apply { now: START },
             hits: &hits,
             node: cross_slot.then_some(("127.0.0.1", 1)),
-            charge: Charge::IfAllowed,
             complete: true,
             prefix: "",
             grace_ms: 3_600_000,
@@ -562,7 +593,6 @@ fn lone_call(hits: &[Hit], now: Micros) -> Call<'_> {
         op: Op::Apply { now },
         hits,
         node: None,
-        charge: Charge::IfAllowed,
         complete: true,
         prefix: "",
         grace_ms: 60_000,
@@ -779,13 +809,15 @@ async fn a_bucket_written_packed_is_kept_for_its_longest_fill_and_read_as_text_i
     }
 
     let sequence = Sequence::named("bucket-packed-lowered");
-    let one = [sequence.hit(7, 0, 1, Role::Enforced)];
+    let one = [Hit {
+        charge: Charge::Always,
+        ..sequence.hit(7, 0, 1, Role::Enforced)
+    }];
     let key = lone_call(&one, START).key(&one[0]);
     // Full again 5 s from now, where a burst of 2 at 2 a second is at most 1 s ahead.
     let ahead = format!("{} 0", START + 5 * SECOND);
     server.query(&["SET", &key, &ahead]);
     let counted = Call {
-        charge: Charge::Always,
         state_layout: StateLayout::Packed,
         ..lone_call(&one, START)
     };
@@ -826,8 +858,11 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
     // Counter 4: 4 hits in 10 s, in µs ticks; kept 10 s, then the grace of 60 s.
     let sequence = Sequence::named("log-packed");
     let call = |now, hits, state_layout, charge| {
-        let one = vec![sequence.hit(4, 0, hits, Role::Enforced)];
-        (now, one, state_layout, charge)
+        let one = vec![Hit {
+            charge,
+            ..sequence.hit(4, 0, hits, Role::Enforced)
+        }];
+        (now, one, state_layout)
     };
     let (packed_by, text_by) = (StateLayout::Packed, StateLayout::Text);
     let counted = Charge::Always;
@@ -881,10 +916,9 @@ async fn a_sliding_log_written_packed_is_kept_as_its_text_and_read_as_text_is() 
         ),
     ];
     let mut key = String::new();
-    for ((now, one, state_layout, charge), allowed, stored) in steps {
+    for ((now, one, state_layout), allowed, stored) in steps {
         let call = Call {
             state_layout,
-            charge,
             ..lone_call(&one, now)
         };
         assert_eq!(Layout::of(&call), Layout::DecideOne);

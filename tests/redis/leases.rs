@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::redis_process::RedisServer;
-use tollgate::algorithm::{Algorithm, Charge, Params};
+use tollgate::algorithm::{Algorithm, Params};
 use tollgate::clock::{Clock, MICROS_PER_SECOND, ManualClock, Micros};
 use tollgate::limit::Lease;
 use tollgate::metrics::Metrics;
@@ -19,7 +19,7 @@ use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::options::{LeaseMode, StoreOptions};
 use tollgate::storage::redis::{RedisSpec, RedisStore};
 use tollgate::storage::stack::remote_stack;
-use tollgate::storage::{CounterLease, CounterReset, Grant, Hit, Role, Store};
+use tollgate::storage::{CounterLease, CounterReset, Grant, Hit, Role, Store, StoreClock};
 
 const T0: u64 = 1_795_000_020;
 const MINUTE: Micros = 60 * MICROS_PER_SECOND;
@@ -36,13 +36,13 @@ pub(crate) fn hit(user: &str, requests: u64, hits: u64) -> Hit {
         params,
         hits,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: Lease::Auto,
     }
 }
 
 pub(crate) fn options(clock: &ManualClock, lease: LeaseMode) -> StoreOptions {
     StoreOptions {
-        charge: Charge::IfAllowed,
         timeout: Duration::from_secs(2),
         clock: Some(Arc::new(clock.clone())),
         lease,
@@ -66,6 +66,45 @@ pub(crate) async fn ready(store: &RedisStore) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     panic!("the Redis store never became ready");
+}
+
+#[tokio::test]
+async fn a_lease_of_a_counter_usage_took_past_its_limit_grants_nothing_and_says_so() {
+    let server = RedisServer::start();
+    let clock = ManualClock::at_seconds(T0);
+    let options = options(&clock, LeaseMode::Off);
+    let a = redis(&server, &options);
+    ready(&a).await;
+    let now = a.instant(&hit("r", 100, 0)).unwrap();
+    let grant = a
+        .lease(&hit("r", 100, 60), now, 0, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(grant, granted(60, 60, 1, true, now));
+    // 70 tokens spent, counted in full past the limit: 130 in all.
+    let usage = Hit {
+        charge: tollgate::algorithm::Charge::Always,
+        ..hit("r", 100, 70)
+    };
+    let outcome = tollgate::storage::CounterStore::apply(&*a, &[usage])
+        .await
+        .unwrap();
+    assert!(!outcome[0].allowed);
+    assert_eq!(
+        server.query(&["GET", &redis_key(&hit("r", 100, 0), now)]),
+        "130"
+    );
+    let grant = a
+        .lease(&hit("r", 100, 10), now, 60, MICROS_PER_SECOND)
+        .await
+        .unwrap();
+    assert_eq!(
+        grant,
+        Grant {
+            overrun: true,
+            ..granted(0, 100, 1, true, now)
+        }
+    );
 }
 
 #[tokio::test]
@@ -155,6 +194,7 @@ fn granted(granted: u64, count: u64, holders: u64, intact: bool, now: Micros) ->
     Grant {
         granted,
         unleased: 100 - count,
+        overrun: false,
         holders,
         intact,
         after: None,

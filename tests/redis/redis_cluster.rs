@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::redis_process::RedisCluster;
 use common::*;
-use tollgate::algorithm::{Charge, Outcome};
+use tollgate::algorithm::Outcome;
 use tollgate::limit::Limit;
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::options::StoreOptions;
@@ -293,6 +293,7 @@ fn user_hits(users: &[String]) -> Vec<Hit> {
             params,
             hits: 1,
             role: Role::Enforced,
+            charge: tollgate::algorithm::Charge::IfAllowed,
             lease: tollgate::limit::Lease::AsConfigured,
         })
         .collect()
@@ -302,7 +303,6 @@ fn cluster_store(cluster: &RedisCluster) -> Arc<RedisStore> {
     RedisStore::start(
         RedisSpec::parse(&cluster.url(), None).unwrap().unwrap(),
         StoreOptions {
-            charge: Charge::IfAllowed,
             timeout: Duration::from_secs(5),
             // Long: the map goes stale when the test moves a slot, and stays so until a
             // call finds out.

@@ -76,9 +76,11 @@ enum Op {
 
 fn op(rng: &mut Rng, charge: Charge) -> Op {
     if charge == Charge::Always {
-        // Every attempt counts: nothing is vetoed or given back; the client still refunds.
+        // Every attempt counts, vetoed or not (beside a blocker a veto would undo): nothing
+        // is given back; the client still refunds.
         return match rng.below(100) {
-            0..85 => Op::Apply,
+            0..70 => Op::Apply,
+            70..85 => Op::Veto,
             _ => Op::ClientRefund,
         };
     }
@@ -187,7 +189,6 @@ async fn apply(
     calls: &[Hit; 2],
     vetoed: bool,
     now: Micros,
-    charge: Charge,
     layouts: Layouts,
     context: &str,
 ) -> call::Reply {
@@ -195,7 +196,6 @@ async fn apply(
         op: call::Op::Apply { now },
         hits: if vetoed { &calls[..] } else { &calls[..1] },
         node: None,
-        charge,
         complete: true,
         prefix: "",
         grace_ms: 3_600_000,
@@ -231,6 +231,7 @@ async fn run_sequence(
         params,
         hits,
         role: Role::Enforced,
+        charge,
         lease: tollgate::limit::Lease::AsConfigured,
     };
     // Always over: a request that carries it is vetoed.
@@ -246,6 +247,7 @@ async fn run_sequence(
             params,
             hits: 1,
             role: Role::Enforced,
+            charge: tollgate::algorithm::Charge::IfAllowed,
             lease: tollgate::limit::Lease::AsConfigured,
         }
     };
@@ -292,7 +294,6 @@ async fn run_sequence(
                 },
                 hits: &one,
                 node: None,
-                charge,
                 complete: false,
                 prefix: "",
                 grace_ms: 3_600_000,
@@ -308,12 +309,13 @@ async fn run_sequence(
             let calls = [
                 Hit {
                     role: Role::Refund,
+                    charge: Charge::IfAllowed,
                     ..hit(hits)
                 },
                 blocker.clone(),
             ];
             let vetoed = op == Op::VetoedClientRefund;
-            let reply = apply(connection, &calls, vetoed, now, charge, layouts, &context).await;
+            let reply = apply(connection, &calls, vetoed, now, layouts, &context).await;
             assert_eq!(reply.outcomes[0], refund.outcome, "{context}: Lua vs Rust");
             if let Some(next) = refund.state {
                 state = Some(next);
@@ -323,24 +325,19 @@ async fn run_sequence(
             let decided = algorithm::decide(&params, state.as_ref(), now, hits, charge);
             let mut expected = decided.outcome;
             let calls = [hit(hits), blocker.clone()];
-            let reply = apply(
-                connection,
-                &calls,
-                op == Op::Veto,
-                now,
-                charge,
-                layouts,
-                &context,
-            )
-            .await;
+            let reply = apply(connection, &calls, op == Op::Veto, now, layouts, &context).await;
+            // A veto undoes an admission, not a charge that counts whatever its fate.
+            let undone = op == Op::Veto && charge == Charge::IfAllowed;
             if op == Op::Veto {
                 tally.vetoed += 1;
+            }
+            if undone {
                 if expected.allowed {
                     expected = algorithm::decide(&params, state.as_ref(), now, 0, charge).outcome;
                 }
             } else if let Some(next) = decided.state {
                 state = Some(next);
-                if hits > 0 && expected.allowed {
+                if hits > 0 && expected.allowed && op == Op::Apply {
                     if pending.len() == 4 {
                         pending.remove(0);
                     }
@@ -429,7 +426,7 @@ async fn parity(name: &str, main: Params, variants: &[Params], more: &[Writes]) 
     let packs = match main.algorithm {
         Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } => true,
         Algorithm::SlidingLog { .. } => main.requests <= LONGEST_LOG,
-        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => false,
+        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow | Algorithm::Concurrency => false,
     };
     let log = matches!(main.algorithm, Algorithm::SlidingLog { .. });
     for &writes in [state].iter().chain(more) {
@@ -589,6 +586,22 @@ async fn gcra() {
             params(gcra(1), 0, SECOND),
         ],
         &[Writes::All(NEWER), Writes::Mixed],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn concurrency() {
+    let concurrency = Algorithm::Concurrency;
+    parity(
+        "concurrency",
+        params(concurrency, 5, 10 * SECOND),
+        &[
+            params(concurrency, 1, SECOND),
+            params(concurrency, 0, SECOND),
+            params(concurrency, 200, 60 * SECOND),
+        ],
+        &[],
     )
     .await;
 }

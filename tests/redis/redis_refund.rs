@@ -9,7 +9,7 @@ use crate::common;
 
 use common::redis_process::RedisServer;
 use tollgate::algorithm::State;
-use tollgate::algorithm::{Algorithm, Charge, Params};
+use tollgate::algorithm::{Algorithm, Params};
 use tollgate::clock::{MICROS_PER_SECOND, Micros};
 use tollgate::storage::keys::{EntryValue, counter_key};
 use tollgate::storage::redis::call::{Call, Op, Reply, SlidingWindowLayout, StateLayout};
@@ -26,6 +26,7 @@ fn hit(user: &str, params: Params, hits: u64) -> Hit {
         params,
         hits,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     }
 }
@@ -46,7 +47,6 @@ async fn send(
         op,
         hits,
         node: None,
-        charge: Charge::IfAllowed,
         complete: false,
         prefix: "",
         grace_ms: 3_600_000,

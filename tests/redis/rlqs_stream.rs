@@ -349,13 +349,7 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
     let redis = common::redis_process::RedisServer::start();
     let clock = tollgate::clock::ManualClock::at_seconds(T2222);
     let metrics = tollgate::metrics::Metrics::default();
-    let store = redis_store(
-        &redis.url(),
-        tollgate::algorithm::Charge::IfAllowed,
-        &clock,
-        Duration::from_secs(2),
-        &metrics,
-    );
+    let store = redis_store(&redis.url(), &clock, Duration::from_secs(2), &metrics);
     let demand = |stream: &str, per_second: Option<f64>| Demand {
         stream: stream.to_owned(),
         per_second,

@@ -138,7 +138,6 @@ impl Upgrade {
             op,
             hits,
             node: None,
-            charge: Charge::IfAllowed,
             complete: true,
             prefix: "",
             grace_ms: 3_600_000,
@@ -268,6 +267,7 @@ fn upgrade(params: Params, seed: u64) -> Upgrade {
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     };
     let blocker = Hit {
@@ -382,13 +382,13 @@ async fn an_earlier_build_that_meets_a_limit_written_as_counters_fails_rather_th
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     }];
     let call = |now, sliding_window| Call {
         op: Op::Apply { now },
         hits: &hit,
         node: None,
-        charge: Charge::IfAllowed,
         complete: true,
         prefix: "",
         grace_ms: 3_600_000,

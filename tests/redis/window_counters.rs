@@ -32,6 +32,7 @@ fn hit(name: &str, params: Params, descriptor: usize) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     }
 }
@@ -82,7 +83,6 @@ async fn a_hit_decided_late_counts_in_the_window_begun_after_it() {
                 op: Op::Apply { now: at },
                 hits: &hits,
                 node: None,
-                charge: Charge::IfAllowed,
                 complete: true,
                 prefix: "",
                 grace_ms: 3_600_000,
@@ -168,7 +168,6 @@ async fn a_limit_raised_past_what_a_counter_holds_fails_while_counted() {
         op: Op::Apply { now },
         hits,
         node: None,
-        charge: Charge::IfAllowed,
         complete: true,
         prefix: "",
         grace_ms: 3_600_000,

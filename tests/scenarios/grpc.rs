@@ -6,7 +6,6 @@
 use crate::common;
 
 use common::*;
-use tollgate::algorithm::Charge;
 use tollgate::clock::MICROS_PER_SECOND;
 use tollgate::limiter::Modes;
 use tollgate::pb::rate_limit_descriptor::RateLimitOverride;
@@ -404,7 +403,7 @@ async fn count_denied_counts_every_descriptor_like_the_reference(store: StoreKin
         &[("api.yaml", API)],
         Setup {
             store,
-            charge: Charge::Always,
+            options: counting_denied(),
             ..Setup::default()
         },
     )

@@ -212,7 +212,7 @@ memory_only! {
         let server = start_with(
             &[("refunds.yaml", REFUNDS)],
             Setup {
-                charge: tollgate::algorithm::Charge::Always,
+                options: counting_denied(),
                 ..Setup::default()
             },
         )

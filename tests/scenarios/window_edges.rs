@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::redis_process::{RedisCluster, RedisServer};
 use common::rng::Rng;
 use common::{Backing, StoreKind};
-use tollgate::algorithm::{Algorithm, Charge, Outcome, Params};
+use tollgate::algorithm::{Algorithm, Outcome, Params};
 use tollgate::clock::{Clock, MICROS_PER_SECOND, ManualClock, Micros, SystemClock};
 use tollgate::metrics::Metrics;
 use tollgate::storage::keys::{EntryValue, counter_key};
@@ -43,6 +43,7 @@ fn hit(user: &str) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: tollgate::algorithm::Charge::IfAllowed,
         lease: tollgate::limit::Lease::AsConfigured,
     }
 }
@@ -60,12 +61,10 @@ impl Under {
     fn start(kind: StoreKind, clock: &ManualClock) -> Self {
         let timeout = Duration::from_secs(2);
         let metrics = Metrics::default();
-        let redis =
-            |url: &str| common::redis_store(url, Charge::IfAllowed, clock, timeout, &metrics);
+        let redis = |url: &str| common::redis_store(url, clock, timeout, &metrics);
         match kind {
             StoreKind::Memory => {
-                let memory =
-                    MemoryStore::new(1_000, Charge::IfAllowed, Arc::new(clock.clone())).start();
+                let memory = MemoryStore::new(1_000, Arc::new(clock.clone())).start();
                 Under {
                     store: memory.clone(),
                     memory: Some(memory),

@@ -8,7 +8,7 @@ use super::slice::{Followed, follow, take, window_of};
 use super::{Asked, Book, LOOKAHEAD, Leased, MIN_SLICE, budget};
 use crate::algorithm::Outcome;
 use crate::clock::{MICROS_PER_SECOND, Micros};
-use crate::storage::{Hit, PerHit};
+use crate::storage::{Hit, PerHit, Role};
 
 impl Leased {
     /// Each leasable hit's instant, by its own store's clock (`--store-per-second` has two).
@@ -55,7 +55,7 @@ impl Leased {
         }
         let outcomes = take(&mut book.counters, hits, &nows, &found)?;
         for ((hit, now), index) in hits.iter().zip(&nows).zip(&found) {
-            if let (Some(now), Some(index)) = (*now, *index)
+            if let (Some(now), Some(index), false) = (*now, *index, hit.role == Role::Refund)
                 && let Some((_, followed)) = book.counters.get_index_mut(index)
             {
                 followed.demand.add(now, hit.hits.max(1));
@@ -90,6 +90,22 @@ impl Leased {
                 found.push(None);
                 continue;
             };
+            // A refund is no demand: it goes back into a slice held and usable under the
+            // same limit, or to the store.
+            if hit.role == Role::Refund {
+                let held = book.counters.get_index_of(&hit.key).filter(|&index| {
+                    book.counters.get_index(index).is_some_and(|(_, followed)| {
+                        followed.hit.params == hit.params
+                            && followed
+                                .slice
+                                .as_ref()
+                                .is_some_and(|slice| slice.usable(hit, now))
+                    })
+                });
+                local &= held.is_some();
+                found.push(held);
+                continue;
+            }
             let hits_now = hit.hits.max(1);
             let busy_rate = self.settings.busy_rate;
             let spotter = &mut book.spotter;
@@ -114,14 +130,8 @@ impl Leased {
                 .is_some_and(|slice| !slice.usable(hit, now));
             if changed || stale {
                 // One call at a time per counter: with a call in flight, what the slice
-                // holds is not given back (the window under-admits by it).
-                if followed.call.is_some() {
-                    followed.slice = None;
-                } else if let Some((unused, at, after)) = followed.give_back_slice(now) {
-                    let call = Book::call(&mut book.calls);
-                    followed.call = Some(call);
-                    returns.push((unused, at, after, call));
-                }
+                // holds goes back once it ends.
+                returns.extend(followed.return_slice(now, &mut book.calls));
             }
             if changed {
                 followed.hit.params = hit.params;
@@ -195,15 +205,34 @@ impl Leased {
     }
 
     /// What the store's answers say nobody holds of the followed counters: the next lease's
-    /// size goes by it.
+    /// size goes by it. A denial gives this replica's slice of its counter back: a charge
+    /// that counts whether admitted or not (usage) may have taken the count past the limit,
+    /// and what the slice holds is then no budget left (a slice is never needed for what the
+    /// store just denied).
     pub(super) fn learn(&self, hits: &[Hit], outcomes: &[Outcome], nows: &[Option<Micros>]) {
-        let mut book = self.book();
-        for ((hit, outcome), now) in hits.iter().zip(outcomes).zip(nows) {
-            if let (Some(now), Some(followed)) = (*now, book.counters.get_mut(&hit.key))
-                && followed.hit.params == hit.params
-            {
+        let mut returns = Vec::new();
+        {
+            let mut guard = self.book();
+            let Book {
+                counters, calls, ..
+            } = &mut *guard;
+            for ((hit, outcome), now) in hits.iter().zip(outcomes).zip(nows) {
+                let (Some(now), Some(followed)) = (*now, counters.get_mut(&hit.key)) else {
+                    continue;
+                };
+                if followed.hit.params != hit.params {
+                    continue;
+                }
                 followed.unleased = Some((window_of(hit, now).0, outcome.remaining));
+                if outcome.allowed {
+                    continue;
+                }
+                followed.denied = *calls;
+                returns.extend(followed.return_slice(now, calls));
             }
+        }
+        for (hit, at, after, call) in returns {
+            self.spawn_return(hit, at, after, call);
         }
     }
 

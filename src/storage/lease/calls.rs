@@ -1,7 +1,7 @@
 //! The lease and return calls of `Leased`, in the background: a grant added to its
 //! counter's slice, or given back when it can no longer be used.
 
-use super::slice::{Slice, window_of};
+use super::slice::{Return, Slice, window_of};
 use super::{Asked, Book, Leased};
 use crate::algorithm::{State, leased};
 use crate::clock::Micros;
@@ -26,49 +26,67 @@ impl Leased {
     /// live `slice_life` from the lease: the store found the slice's budget still counted.
     /// If it did not (a reset, a flush, a failover since), the slice is stale and replaced by
     /// the grant. A grant for a window that has ended meanwhile is dropped (its counter ends
-    /// with it); one asked for under another limit, or before a reset of this replica's, goes
-    /// back at once.
+    /// with it); one asked for under another limit, before a reset of this replica's, or
+    /// before the store denied a hit of the counter (usage may have taken it past its limit
+    /// since the grant was counted), goes back at once.
     pub(super) fn granted(&self, asked: &Asked, result: Result<Grant, StoreError>) {
+        if let Some((unused, at, after, call)) = self.land(asked, result) {
+            self.spawn_return(unused, at, after, call);
+        }
+    }
+
+    /// `granted` under the book's lock: the return it leads to, numbered as the counter's
+    /// call, if any.
+    fn land(&self, asked: &Asked, result: Result<Grant, StoreError>) -> Option<Return> {
         let mut guard = self.book();
-        let book = &mut *guard;
-        let resets = book.resets;
-        let Some(followed) = book.counters.get_mut(&asked.hit.key) else {
-            return;
-        };
+        let Book {
+            counters,
+            calls,
+            resets,
+            ..
+        } = &mut *guard;
+        let followed = counters.get_mut(&asked.hit.key)?;
         let grant = match result {
             Ok(grant) => grant,
             Err(error) => {
                 tracing::debug!(%error, "a lease call failed; the counter is decided per request");
                 self.metrics.failed.inc();
                 followed.ended(asked.call);
-                return;
+                return followed.next_parked(calls);
             }
         };
         self.metrics.taken(grant.granted);
         let hit = &asked.hit;
         let (window, end) = window_of(hit, asked.at);
-        let trusted = resets == asked.resets && followed.hit.params == hit.params;
+        let trusted = *resets == asked.resets
+            && followed.hit.params == hit.params
+            && followed.denied < asked.call;
         if !trusted && grant.granted > 0 && followed.call == Some(asked.call) {
-            // Asked before a reset or under another limit: it goes back, as the counter's
-            // one call in flight.
-            let call = Book::call(&mut book.calls);
+            // Asked before a reset, a denial or under another limit: it goes back, as the
+            // counter's one call in flight.
+            let call = Book::call(calls);
             followed.call = Some(call);
             let unused = Hit {
                 hits: grant.granted,
                 ..hit.clone()
             };
-            drop(guard);
-            self.spawn_return(unused, asked.at, grant.after, call);
-            return;
+            return Some((unused, asked.at, grant.after, call));
         }
         followed.ended(asked.call);
         // A grant of a window before the one this replica holds budget of is never used
         // (its window has ended) and leaves the tally of the later one alone.
         if !trusted || window < followed.tally.0 {
-            return;
+            return followed.next_parked(calls);
         }
         followed.holders = grant.holders;
         followed.unleased = Some((window, grant.unleased));
+        if grant.overrun {
+            // Usage counted past the limit: nothing held is budget left, and it goes back
+            // (the grant is nothing: nothing was left).
+            return followed
+                .return_slice(asked.at, calls)
+                .or_else(|| followed.next_parked(calls));
+        }
         if !grant.intact {
             tracing::debug!(
                 "a leased counter was reset, flushed or rolled back; its slice is dropped"
@@ -87,6 +105,7 @@ impl Leased {
             window,
             at: asked.at,
             left: grant.granted,
+            spent: 0,
             until,
             expiring: None,
             last: grant.after.map(|after| (after, grant.granted)),
@@ -108,6 +127,7 @@ impl Leased {
             _ if grant.granted == 0 => {}
             _ => followed.slice = Some(slice),
         }
+        followed.next_parked(calls)
     }
 
     /// Gives back in the background, as the counter's call numbered `call`: its next lease

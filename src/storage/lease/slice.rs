@@ -40,7 +40,19 @@ pub(super) struct Followed {
     /// granted, less what it asked to give back. A lease checks it (`Grant::intact`).
     pub(super) tally: (u64, u64),
     pub(super) last_used: Micros,
+    /// The number of the last call made (`Book::calls`) when the store last denied a hit
+    /// of the counter: a lease asked before it goes back as it lands, as the slice held
+    /// then did (`Leased::learn`).
+    pub(super) denied: u64,
+    /// What a slice taken out while a call was in flight held unused: given back once that
+    /// call ends (one call at a time per counter), so that the store's count holds no budget
+    /// nobody holds (a fixed window's; a bucket's slice is dropped, its life bounding it).
+    pub(super) parked: Option<(Hit, Micros, Option<State>)>,
 }
+
+/// A return to send: the hit to give back (`hits` unused), the instant of its lease, the
+/// state a bucket's return requires, the call's number.
+pub(super) type Return = (Hit, Micros, Option<State>, u64);
 
 /// Budget this replica holds: of one window of a fixed window, or of a bucket (whose
 /// "window" is always 0: `window_of`).
@@ -51,6 +63,9 @@ pub(super) struct Slice {
     /// bucket's go back as taken then.
     pub(super) at: Micros,
     pub(super) left: u64,
+    /// What was taken out of it in its window, less what clients gave back into it: the
+    /// most a refund may put back (a fixed window's).
+    pub(super) spent: u64,
     /// Used until then: a fixed window's until its window's end at the latest, renewed by
     /// each grant that finds the slice still counted; a bucket's until its last grant's life
     /// ends, never later (`algorithm::leased`).
@@ -84,9 +99,17 @@ impl Slice {
     /// Takes `hits` out, the earlier grant's first.
     pub(super) fn spend(&mut self, hits: u64) {
         self.left = self.left.saturating_sub(hits);
+        self.spent = self.spent.saturating_add(hits);
         if let Some((expiring, _)) = &mut self.expiring {
             *expiring = expiring.saturating_sub(hits);
         }
+    }
+
+    /// Puts back `hits` a client returned, of those taken out in its window (never more).
+    pub(super) fn put_back(&mut self, hits: u64) {
+        let back = hits.min(self.spent);
+        self.left = self.left.saturating_add(back);
+        self.spent -= back;
     }
 
     /// What goes back to the store, with the state a bucket's return requires: a fixed
@@ -131,6 +154,8 @@ impl Followed {
             holders: 0,
             tally: (0, 0),
             last_used: now,
+            denied: 0,
+            parked: None,
         }
     }
 
@@ -155,6 +180,44 @@ impl Followed {
             (of, held) if of == window => held,
             _ => 0,
         }
+    }
+
+    /// Takes the slice out to give back what it holds unused, numbered as the counter's call
+    /// (`calls`: the book's count of calls), if its window is current at `now`; with a call
+    /// in flight, a fixed window's is parked until it ends (`next_parked`), a bucket's
+    /// dropped.
+    pub(super) fn return_slice(&mut self, now: Micros, calls: &mut u64) -> Option<Return> {
+        let (unused, at, after) = self.give_back_slice(now)?;
+        if self.call.is_none() {
+            *calls += 1;
+            self.call = Some(*calls);
+            return Some((unused, at, after, *calls));
+        }
+        if after.is_none() {
+            // Two slices of one window parked: one return of both.
+            self.parked = match self.parked.take() {
+                Some((earlier, earlier_at, None))
+                    if window_of(&earlier, earlier_at).0 == window_of(&unused, at).0 =>
+                {
+                    let hits = earlier.hits.saturating_add(unused.hits);
+                    Some((Hit { hits, ..unused }, at, None))
+                }
+                _ => Some((unused, at, None)),
+            };
+        }
+        None
+    }
+
+    /// The return parked while a call was in flight, numbered as the counter's next call, if
+    /// none is in flight now.
+    pub(super) fn next_parked(&mut self, calls: &mut u64) -> Option<Return> {
+        if self.call.is_some() {
+            return None;
+        }
+        let (unused, at, after) = self.parked.take()?;
+        *calls += 1;
+        self.call = Some(*calls);
+        Some((unused, at, after, *calls))
     }
 
     /// Takes the slice out to give back what it holds unused (a return of `hits` at `at`,
@@ -294,8 +357,20 @@ pub(super) fn follow(
     Some(counters.insert_full(hit.key.clone(), followed).0)
 }
 
+/// What a request asks of one counter's slice: its charges summed (`None`: it only gives
+/// back), and its refunds summed.
+#[derive(Clone, Copy)]
+struct Asked {
+    index: usize,
+    charged: Option<u64>,
+    returned: u64,
+    now: Micros,
+}
+
 /// Takes every hit from its counter's slice, if each slice holds what the request asks of
-/// it (a counter named twice asks the sum); else leaves every slice as it was. `nows`: each
+/// it (a counter named twice asks the sum) and its refunds were spent from it; else leaves
+/// every slice as it was. Refunds go back in first, so a stream's settlement (the estimate
+/// back, the tokens spent charged) is answered from the slice when the two fit. `nows`: each
 /// hit's instant, by its store's clock; `found`: each hit's counter in `counters`.
 pub(super) fn take(
     counters: &mut Followers,
@@ -303,35 +378,61 @@ pub(super) fn take(
     nows: &[Option<Micros>],
     found: &[Option<usize>],
 ) -> Option<PerHit<Outcome>> {
-    // What the request asks of each counter, its hits summed: sorted by counter, so that a
-    // counter named twice is one entry whatever the request's size.
-    let mut asked: smallvec::SmallVec<[(usize, u64, Micros); 2]> = hits
+    // Sorted by counter, so that a counter named twice is one entry whatever the request's
+    // size.
+    let mut asked: smallvec::SmallVec<[Asked; 2]> = hits
         .iter()
         .zip(nows)
         .zip(found)
-        .map(|((hit, now), index)| Some(((*index)?, hit.hits, (*now)?)))
+        .map(|((hit, now), index)| {
+            let refund = hit.role == Role::Refund;
+            Some(Asked {
+                index: (*index)?,
+                charged: (!refund).then_some(hit.hits),
+                returned: if refund { hit.hits } else { 0 },
+                now: (*now)?,
+            })
+        })
         .collect::<Option<_>>()?;
-    asked.sort_unstable_by_key(|&(index, ..)| index);
+    asked.sort_unstable_by_key(|asked| asked.index);
     asked.dedup_by(|later, first| {
-        let same = later.0 == first.0;
+        let same = later.index == first.index;
         if same {
-            first.1 = first.1.saturating_add(later.1);
+            first.charged = match (first.charged, later.charged) {
+                (Some(a), Some(b)) => Some(a.saturating_add(b)),
+                (a, b) => a.or(b),
+            };
+            first.returned = first.returned.saturating_add(later.returned);
         }
         same
     });
-    for &(index, sum, now) in &asked {
-        let slice = counters.get_index_mut(index)?.1.slice.as_mut()?;
-        slice.settle(now);
+    for asked in &asked {
+        let slice = counters.get_index_mut(asked.index)?.1.slice.as_mut()?;
+        slice.settle(asked.now);
         // A check (no hits) needs one hit of room, as the store's own decision does.
-        if slice.left < sum.max(1) {
+        let room = slice.left.saturating_add(asked.returned);
+        let fits = asked.charged.is_none_or(|charged| room >= charged.max(1));
+        if asked.returned > slice.spent || !fits {
             return None;
+        }
+    }
+    for ((hit, index), _) in hits.iter().zip(found).zip(nows) {
+        if hit.role == Role::Refund {
+            counters
+                .get_index_mut((*index)?)?
+                .1
+                .slice
+                .as_mut()?
+                .put_back(hit.hits);
         }
     }
     let mut outcomes = PerHit::with_capacity(hits.len());
     for ((hit, now), index) in hits.iter().zip(nows).zip(found) {
         let (now, followed) = ((*now)?, counters.get_index_mut((*index)?)?.1);
         let slice = followed.slice.as_mut()?;
-        slice.spend(hit.hits);
+        if hit.role != Role::Refund {
+            slice.spend(hit.hits);
+        }
         let unleased = match followed.unleased {
             Some((window, unleased)) if window == slice.window => unleased,
             _ => 0,

@@ -2,8 +2,9 @@
 //! semantics, as lease.lua, lease_return.lua, give_back.lua and the algorithms decide them):
 //! random interleavings of requests on several replicas, leases and returns landing late,
 //! time passing (slices expiring, windows ending), counters cooling down, replicas shut down
-//! and replicas lost with their slices. No fixed window ever admits more than its limit, and
-//! no bucket more than its burst and its refill in any interval.
+//! and replicas lost with their slices, clients giving back hits they were admitted (into a
+//! slice, or to the store). No fixed window ever admits more than its limit beside what was
+//! given back in it, and no bucket more than its burst and its refill in any interval.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,10 +15,10 @@ use proptest::prelude::*;
 
 use super::slice::{Slice, window_of};
 use super::*;
-use crate::algorithm::{Charge, decide, given_back};
+use crate::algorithm::{Charge, State, decide, given_back};
 use crate::clock::{Clock, ManualClock};
-use crate::storage::Grant;
 use crate::storage::keys::{EntryValue, counter_key};
+use crate::storage::{Grant, StoreClock};
 
 const LIMIT: u64 = 60;
 const WINDOW: Micros = 10 * MICROS_PER_SECOND;
@@ -84,7 +85,8 @@ impl View {
 #[tonic::async_trait]
 impl CounterStore for View {
     /// Decides at once (as Redis would at the instant the call carries), all or nothing over
-    /// the request's counters, and answers late.
+    /// the request's counters, a refund off its window's count (never below 0), and answers
+    /// late.
     async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
         let now = self.clock.now();
         if hits.iter().any(|hit| leased::is_bucket(&hit.params)) {
@@ -95,20 +97,30 @@ impl CounterStore for View {
         let outcomes = {
             let mut model = self.model.lock().unwrap();
             let mut asked: HashMap<Slot, u64> = HashMap::new();
-            for hit in hits {
+            let charges = hits.iter().filter(|hit| hit.role != Role::Refund);
+            for hit in charges.clone() {
                 *asked.entry(slot(hit, now)).or_default() += hit.hits;
             }
-            let allowed = hits
-                .iter()
+            let allowed = charges
+                .clone()
                 .all(|hit| model.count(hit, now) + asked[&slot(hit, now)] <= hit.params.requests);
             if allowed {
                 for (slot, hits) in asked {
                     *model.counts.entry(slot).or_default() += hits;
                 }
+            } else {
+                // A charge that counts whether admitted or not is counted all the same.
+                for hit in charges.filter(|hit| hit.charge == Charge::Always) {
+                    *model.counts.entry(slot(hit, now)).or_default() += hit.hits;
+                }
+            }
+            for refund in hits.iter().filter(|hit| hit.role == Role::Refund) {
+                let count = model.counts.entry(slot(refund, now)).or_default();
+                *count = count.saturating_sub(refund.hits);
             }
             hits.iter()
                 .map(|hit| Outcome {
-                    allowed,
+                    allowed: allowed || hit.role == Role::Refund,
                     remaining: hit.params.requests.saturating_sub(model.count(hit, now)),
                     ..Outcome::default()
                 })
@@ -164,6 +176,7 @@ impl View {
         let mut model = self.model.lock().unwrap();
         model.leases += 1;
         let intact = model.held(hit, at, &self.holder) >= held;
+        let overrun = !leased::is_bucket(&hit.params) && model.count(hit, at) > hit.params.requests;
         let (granted, unleased, after, reset_after) = if leased::is_bucket(&hit.params) {
             let stored = model.states.get(hit.key.as_str());
             let (after, taken) = leased::lease(&hit.params, stored, at, hit.hits, life);
@@ -199,6 +212,7 @@ impl View {
         Grant {
             granted,
             unleased,
+            overrun,
             holders: tally.len() as u64,
             intact: bucket || intact,
             after,
@@ -207,12 +221,14 @@ impl View {
     }
 }
 
-#[tonic::async_trait]
-impl CounterLease for View {
+impl StoreClock for View {
     fn instant(&self, _: &Hit) -> Result<Micros, StoreError> {
         Ok(self.clock.now())
     }
+}
 
+#[tonic::async_trait]
+impl CounterLease for View {
     async fn lease(
         &self,
         hit: &Hit,
@@ -280,6 +296,10 @@ enum Step {
     },
     /// This many requests of one hit on counter A to a replica, at once.
     Burst { replica: usize, requests: usize },
+    /// A client gives back to a replica the hits of a request admitted earlier (the
+    /// `pick`-th of those not given back yet, modulo their number), as Envoy does when a
+    /// stream ends.
+    GiveBack { replica: usize, pick: usize },
     /// Time passes.
     Advance(Micros),
     /// The runtime runs the tasks this many turns: calls in flight move on, some land.
@@ -316,6 +336,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(replica, hits, shape)| Step::Request { replica, hits, shape }),
         2 => (0usize..3, 1usize..40)
             .prop_map(|(replica, requests)| Step::Burst { replica, requests }),
+        3 => (0usize..3, any::<usize>())
+            .prop_map(|(replica, pick)| Step::GiveBack { replica, pick }),
         2 => (0u64..2 * MICROS_PER_SECOND).prop_map(Step::Advance),
         2 => (0u8..16).prop_map(Step::Settle),
         1 => (0usize..3).prop_map(Step::Cool),
@@ -349,6 +371,7 @@ fn hit_of_algorithm(algorithm: Algorithm, route: &str, requests: u64, hits: u64)
         params,
         hits,
         role: Role::Enforced,
+        charge: crate::algorithm::Charge::IfAllowed,
         lease: Lease::Auto,
     }
 }
@@ -417,8 +440,9 @@ fn request(algorithm: Algorithm, shape: u8, hits: u64) -> Vec<Hit> {
     request
 }
 
-/// Hits admitted: the counter, the resets before them, their instant, how many.
-type Admitted = (String, u64, Micros, u64);
+/// Hits admitted (or, negative, given back): the counter, the resets before them, their
+/// instant, how many.
+type Admitted = (String, u64, Micros, i64);
 
 /// Runs the steps on counters of `algorithm`; answers every request's admitted hits.
 async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
@@ -436,8 +460,45 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
     let mut admitted = Vec::new();
     let mut pending = Vec::new();
     let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // The hits admitted and not given back yet, which a client may give back (a fixed
+    // window's: a bucket's refund goes to the store, as any other call).
+    let givable: Arc<Mutex<Vec<Hit>>> = Arc::default();
     for &step in steps {
         match step {
+            Step::GiveBack { replica, pick } => {
+                let hit = {
+                    let mut givable = givable.lock().unwrap();
+                    if givable.is_empty()
+                        || leased::is_bucket(&hit_of_algorithm(algorithm, "a", LIMIT, 1).params)
+                    {
+                        continue;
+                    }
+                    let index = pick % givable.len();
+                    givable.swap_remove(index)
+                };
+                let store = Arc::clone(&fleet.replicas[replica]);
+                let (clock, resets) = (clock.clone(), Arc::clone(&resets));
+                let up = Arc::clone(&up[replica]);
+                pending.push(tokio::spawn(async move {
+                    if !up.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Vec::new();
+                    }
+                    let now = clock.now();
+                    let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
+                    let refund = [Hit {
+                        role: Role::Refund,
+                        descriptor: 0,
+                        ..hit.clone()
+                    }];
+                    let outcomes = match store.apply_at_once(&refund) {
+                        Some(at_once) => at_once.unwrap().into_vec(),
+                        None => store.apply(&refund).await.unwrap(),
+                    };
+                    assert!(outcomes[0].allowed, "a refund is never denied");
+                    let given = -i64::try_from(hit.hits).unwrap();
+                    vec![(hit.key.as_str().to_owned(), epoch, now, given)]
+                }));
+            }
             Step::Request { .. } | Step::Burst { .. } => {
                 let (replica, hits, shape, times) = step.requests();
                 for _ in 0..times {
@@ -445,6 +506,7 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
                     let clock = clock.clone();
                     let resets = Arc::clone(&resets);
                     let up = Arc::clone(&up[replica]);
+                    let givable = Arc::clone(&givable);
                     // Requests are in flight at once; each is decided at its first poll, in the
                     // window it then falls in, and all or nothing.
                     pending.push(tokio::spawn(async move {
@@ -464,10 +526,16 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
                             allowed || outcomes.iter().all(|outcome| !outcome.allowed),
                             "all or nothing: {outcomes:?}"
                         );
+                        if allowed {
+                            givable.lock().unwrap().extend(request.iter().cloned());
+                        }
                         request
                             .iter()
                             .filter(|_| allowed)
-                            .map(|hit| (hit.key.as_str().to_owned(), epoch, now, hit.hits))
+                            .map(|hit| {
+                                let hits = i64::try_from(hit.hits).unwrap();
+                                (hit.key.as_str().to_owned(), epoch, now, hits)
+                            })
                             .collect::<Vec<_>>()
                     }));
                 }
@@ -538,7 +606,7 @@ fn most_in_any_interval(admitted: &[Admitted], length: Micros) -> (u64, String) 
         by_counter
             .entry((counter, *epoch))
             .or_default()
-            .push((*at, *hits));
+            .push((*at, hits.unsigned_abs()));
     }
     let mut most = (0, String::new());
     for ((counter, _), mut hits) in by_counter {
@@ -567,14 +635,16 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let admitted = runtime().block_on(run(&steps, seed, Algorithm::default()));
-        let mut per_window: HashMap<(String, u64, u64), u64> = HashMap::new();
+        // Hits admitted in a window less those given back in it: a refund makes room, as
+        // much as it gives back, whether it goes into a slice or to the store.
+        let mut per_window: HashMap<(String, u64, u64), i64> = HashMap::new();
         for (counter, epoch, at, hits) in admitted {
             *per_window.entry((counter, at / WINDOW, epoch)).or_default() += hits;
         }
         for ((counter, window, epoch), hits) in per_window {
             prop_assert!(
-                hits <= LIMIT,
-                "{counter} admitted {hits} of {LIMIT} in window {window} after reset {epoch}"
+                hits <= LIMIT as i64,
+                "{counter} admitted {hits} of {LIMIT} in window {window} after reset {epoch}, beside what was given back"
             );
         }
     }
@@ -650,6 +720,104 @@ async fn a_busy_counter_is_answered_from_its_slice_and_a_cold_one_by_the_store()
     assert_eq!(replica.metrics.from_slice.get(), answered + 1);
     let after = fleet.model.lock().unwrap().count(&hit(1), clock.now());
     assert_eq!(after, count + 2);
+}
+
+/// The slice of `hit`'s counter on `replica`: what it has left and what it spent.
+fn slice_of(replica: &Leased, hit: &Hit) -> (u64, u64) {
+    let book = replica.book();
+    let slice = book.counters.get(&hit.key).unwrap().slice.as_ref().unwrap();
+    (slice.left, slice.spent)
+}
+
+#[tokio::test]
+async fn a_refund_goes_back_into_the_slice_it_was_spent_from_and_no_further() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = fleet.replica();
+    for _ in 0..8 {
+        assert!(replica.apply(&[hit(1)]).await.unwrap()[0].allowed);
+    }
+    settle().await;
+    let (left, spent) = slice_of(&replica, &hit(1));
+    assert_eq!((left, spent), (MIN_SLICE, 0));
+    for _ in 0..3 {
+        assert!(replica.apply_at_once(&[hit(1)]).unwrap().unwrap()[0].allowed);
+    }
+    assert_eq!(slice_of(&replica, &hit(1)), (MIN_SLICE - 3, 3));
+    let count = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    // Two of the three go back into the slice, at once; the store's count does not move.
+    let refund = |hits| Hit {
+        role: Role::Refund,
+        ..hit(hits)
+    };
+    let outcome = replica.apply_at_once(&[refund(2)]).unwrap().unwrap()[0];
+    assert!(outcome.allowed);
+    assert_eq!(slice_of(&replica, &hit(1)), (MIN_SLICE - 1, 1));
+    // A settlement: one back and two charged, from the slice.
+    let settled = replica
+        .apply_at_once(&[refund(1), hit(2)])
+        .unwrap()
+        .unwrap();
+    assert!(settled.iter().all(|outcome| outcome.allowed));
+    assert_eq!(slice_of(&replica, &hit(1)), (MIN_SLICE - 2, 2));
+    assert_eq!(
+        fleet.model.lock().unwrap().count(&hit(1), clock.now()),
+        count
+    );
+    // More than the slice spent (hits spent elsewhere, or in a window before) goes to the
+    // store, whole, the slice untouched.
+    assert!(replica.apply_at_once(&[refund(3)]).is_none());
+    assert!(replica.apply(&[refund(3)]).await.unwrap()[0].allowed);
+    assert_eq!(slice_of(&replica, &hit(1)), (MIN_SLICE - 2, 2));
+    assert_eq!(
+        fleet.model.lock().unwrap().count(&hit(1), clock.now()),
+        count - 3
+    );
+}
+
+#[tokio::test]
+async fn a_charge_that_counts_and_does_not_fit_its_slice_is_counted_by_the_store() {
+    let clock = ManualClock::at_seconds(1_795_000_000);
+    let mut fleet = Fleet::new(&clock, 0);
+    let replica = fleet.replica();
+    for _ in 0..8 {
+        assert!(replica.apply(&[hit(1)]).await.unwrap()[0].allowed);
+    }
+    settle().await;
+    assert_eq!(slice_of(&replica, &hit(1)).0, MIN_SLICE);
+    let usage = |hits| Hit {
+        charge: Charge::Always,
+        ..hit(hits)
+    };
+    // Within the slice: taken from it, as an admission is.
+    assert!(replica.apply_at_once(&[usage(3)]).unwrap().unwrap()[0].allowed);
+    assert_eq!(slice_of(&replica, &hit(1)).0, MIN_SLICE - 3);
+    // Past it: the store decides and counts it in full, past the limit; the slice is left
+    // as it was (a lease its demand asks for may add to it later).
+    assert!(replica.apply_at_once(&[usage(LIMIT)]).is_none());
+    let count = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    let from_slice = replica.metrics.from_slice.get();
+    let outcome = replica.apply(&[usage(LIMIT)]).await.unwrap()[0];
+    assert!(!outcome.allowed);
+    assert_eq!(replica.metrics.from_slice.get(), from_slice);
+    let after = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    assert!(after >= count + LIMIT, "{count} then {after}");
+    // The denial gives the slice back: usage took the count past the limit, and what the
+    // slice held is no budget left. A check is then denied, by the store.
+    settle().await;
+    assert!(
+        replica
+            .book()
+            .counters
+            .get(&hit(1).key)
+            .unwrap()
+            .slice
+            .is_none()
+    );
+    let returned = fleet.model.lock().unwrap().count(&hit(1), clock.now());
+    assert_eq!(returned, after - (MIN_SLICE - 3));
+    assert!(replica.apply_at_once(&[hit(0)]).is_none());
+    assert!(!replica.apply(&[hit(0)]).await.unwrap()[0].allowed);
 }
 
 #[tokio::test]
@@ -928,6 +1096,7 @@ fn a_buckets_later_grant_leaves_the_earlier_ones_hits_their_own_end() {
         window: 0,
         at,
         left,
+        spent: 0,
         until,
         expiring: None,
         last: None,

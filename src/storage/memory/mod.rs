@@ -15,7 +15,7 @@ pub use map::WhenFull;
 use map::{CounterMap, Digest, Shard};
 
 use super::{CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, StoreError, rule};
-use crate::algorithm::{Charge, Outcome, State};
+use crate::algorithm::{Outcome, State};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
 
@@ -26,17 +26,15 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 pub struct MemoryStore {
     map: CounterMap,
-    charge: Charge,
     clock: Arc<dyn Clock>,
 }
 
 impl MemoryStore {
     /// A store of at most `max_keys` counters, refusing new ones when every counter held is
     /// live (`with_when_full` says otherwise).
-    pub fn new(max_keys: usize, charge: Charge, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(max_keys: usize, clock: Arc<dyn Clock>) -> Self {
         Self {
             map: CounterMap::new(max_keys, WhenFull::Refuse),
-            charge,
             clock,
         }
     }
@@ -126,7 +124,7 @@ impl MemoryStore {
             .zip(&shard_of_hit)
             .map(|(digest, &shard)| guards[guard_of(shard)].found(*digest, now))
             .collect();
-        let decided = rule::decide(hits, &found, now, self.charge, true);
+        let decided = rule::decide(hits, &found, now, true);
         drop(found);
         // All or nothing: every new counter the request writes must have room first.
         let mut new: Vec<(usize, Digest)> = digests
@@ -163,7 +161,7 @@ impl MemoryStore {
         let now = shard.at(now());
         let held = shard.use_index(digest);
         let found = held.and_then(|index| shard.found_at(index, now));
-        let decided = rule::decide(std::slice::from_ref(hit), &[found], now, self.charge, true);
+        let decided = rule::decide(std::slice::from_ref(hit), &[found], now, true);
         let outcome = decided.outcomes[0];
         if let Some(Some((state, expires_at))) = decided.writes.into_iter().next() {
             match held {
@@ -226,6 +224,7 @@ mod tests {
             params,
             hits,
             role,
+            charge: crate::algorithm::Charge::IfAllowed,
             lease: crate::limit::Lease::AsConfigured,
         }
     }
@@ -248,12 +247,9 @@ mod tests {
         }
     }
 
-    fn store(max_keys: usize, charge: Charge) -> (MemoryStore, ManualClock) {
+    fn store(max_keys: usize) -> (MemoryStore, ManualClock) {
         let clock = ManualClock::at_seconds(1_000_020);
-        (
-            MemoryStore::new(max_keys, charge, Arc::new(clock.clone())),
-            clock,
-        )
+        (MemoryStore::new(max_keys, Arc::new(clock.clone())), clock)
     }
 
     fn remaining(outcomes: &[Outcome]) -> Vec<(bool, u64)> {
@@ -262,7 +258,7 @@ mod tests {
 
     #[test]
     fn a_vetoed_request_consumes_nothing_anywhere() {
-        let (store, clock) = store(100, Charge::IfAllowed);
+        let (store, clock) = store(100);
         let now = clock.now();
         let first = store.apply_now(
             &[
@@ -286,16 +282,14 @@ mod tests {
 
     #[test]
     fn count_denied_consumes_on_every_descriptor() {
-        let (store, clock) = store(100, Charge::Always);
+        let (store, clock) = store(100);
         let now = clock.now();
-        store.apply_now(&[hit("b", 1, 1, Role::Enforced)], now);
-        let vetoed = store.apply_now(
-            &[
-                hit("a", 5, 1, Role::Enforced),
-                hit("b", 1, 1, Role::Enforced),
-            ],
-            now,
-        );
+        let always = |user, requests| Hit {
+            charge: crate::algorithm::Charge::Always,
+            ..hit(user, requests, 1, Role::Enforced)
+        };
+        store.apply_now(&[always("b", 1)], now);
+        let vetoed = store.apply_now(&[always("a", 5), always("b", 1)], now);
         assert_eq!(remaining(&vetoed), [(true, 4), (false, 0)]);
         let after = store.apply_now(&[hit("a", 5, 1, Role::Enforced)], now);
         assert_eq!(remaining(&after), [(true, 3)]);
@@ -303,7 +297,7 @@ mod tests {
 
     #[test]
     fn shadow_denials_do_not_veto_and_quota_vetoes_only_when_all_quota_is_over() {
-        let (store, clock) = store(100, Charge::IfAllowed);
+        let (store, clock) = store(100);
         let now = clock.now();
         store.apply_now(&[hit("s", 0, 1, Role::Shadow)], now);
         let shadowed = store.apply_now(
@@ -332,7 +326,7 @@ mod tests {
 
     #[test]
     fn the_same_counter_twice_in_one_request_counts_twice() {
-        let (store, clock) = store(100, Charge::IfAllowed);
+        let (store, clock) = store(100);
         let outcomes = store.apply_now(
             &[
                 hit("a", 2, 1, Role::Enforced),
@@ -345,7 +339,7 @@ mod tests {
 
     /// A store that evicts the least recently used counter when full.
     fn evicting(max_keys: usize) -> (MemoryStore, ManualClock) {
-        let (store, clock) = store(max_keys, Charge::IfAllowed);
+        let (store, clock) = store(max_keys);
         (store.with_when_full(WhenFull::EvictLeastRecent), clock)
     }
 
@@ -378,7 +372,7 @@ mod tests {
     #[test]
     fn a_full_store_forgets_ended_windows_and_refuses_new_counters_rather_than_drop_live_ones() {
         let metrics = Metrics::default();
-        let (store, clock) = store(SHARDS, Charge::IfAllowed);
+        let (store, clock) = store(SHARDS);
         let store = store.with_metrics(&metrics);
         let now = clock.now();
         // A counter counted once; then new ones until every shard is full of live counters.
@@ -423,7 +417,7 @@ mod tests {
     #[test]
     fn sweep_removes_expired_counters_only() {
         let metrics = Metrics::default();
-        let (store, clock) = store(100, Charge::IfAllowed);
+        let (store, clock) = store(100);
         let store = store.with_metrics(&metrics);
         store.apply_now(&[hit("a", 5, 1, Role::Enforced)], clock.now());
         // "a" lives until the end of its minute, "b" until the end of the next one.
@@ -449,7 +443,7 @@ mod tests {
         // counts in the later window, whose counter the sweep kept, not in its own window started
         // again from zero.
         let clock = ManualClock::at_seconds(1_795_000_000);
-        let store = MemoryStore::new(1_000, Charge::IfAllowed, Arc::new(clock.clone()));
+        let store = MemoryStore::new(1_000, Arc::new(clock.clone()));
         const LIMIT: u64 = 5;
         const MS: Micros = 1_000;
         let window_end = |at: Micros, outcome: &Outcome| {

@@ -12,7 +12,7 @@ use super::connection::Connection;
 use super::slots::{Group, plan, split_by_slot};
 use crate::algorithm::{Charge, Outcome, State};
 use crate::clock::Micros;
-use crate::storage::rule::vetoes;
+use crate::storage::rule::{undone_by_veto, vetoes};
 use crate::storage::{Hit, Role, StoreError};
 
 /// What the calls of (part of) a request found: every hit's outcome (default where its call
@@ -46,13 +46,13 @@ pub struct Refund {
 }
 
 impl RedisStore {
-    /// Applies a whole request: one call, or one per node and a refund if vetoed.
+    /// Applies a whole request at `now`: one call, or one per node and a refund if vetoed.
     pub(super) async fn apply_remote(
         &self,
         connection: &Connection,
         hits: &[Hit],
+        now: Micros,
     ) -> Result<Vec<Outcome>, StoreError> {
-        let now = self.now()?;
         let grouped = connection.is_cluster() && hits.len() > 1;
         // Held for the call: the groups borrow their nodes' addresses from it.
         let owners = grouped.then(|| self.topology.owners()).flatten();
@@ -69,7 +69,7 @@ impl RedisStore {
         }
         let complete = groups.len() == 1;
         let mut part = self.gather(connection, hits, groups, now, complete).await;
-        let give = self.options.charge == Charge::IfAllowed
+        let give = undone_by_veto(hits)
             && (part.failure.is_some() || vetoes(hits, |index| part.outcomes[index].allowed, true));
         if give {
             let refunds = std::mem::take(&mut part.refunds);
@@ -225,7 +225,6 @@ impl RedisStore {
                     },
                     hits: &refund.hits,
                     node: None,
-                    charge: Charge::IfAllowed,
                     complete: false,
                     prefix: &prefix,
                     // A refund never creates a counter (it keeps the found one's expiry).
@@ -281,8 +280,12 @@ fn refunds_of(sent: &[(Group<'_>, Vec<Hit>, Reply)], at: Micros) -> Vec<Refund> 
                         .indices
                         .iter()
                         .map(|&p| Hit {
-                            // A client's refund is not undone by a veto (storage::rule).
-                            hits: if reply.outcomes[p].allowed && hits[p].role != Role::Refund {
+                            // A client's refund, and a charge that counts whatever the
+                            // request's fate, are not undone by a veto (storage::rule).
+                            hits: if reply.outcomes[p].allowed
+                                && hits[p].role != Role::Refund
+                                && hits[p].charge == Charge::IfAllowed
+                            {
                                 hits[p].hits
                             } else {
                                 0

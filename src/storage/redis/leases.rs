@@ -10,10 +10,6 @@ use crate::storage::{CounterLease, Grant, Hit, StoreError};
 
 #[tonic::async_trait]
 impl CounterLease for RedisStore {
-    fn instant(&self, _: &Hit) -> Result<Micros, StoreError> {
-        self.now()
-    }
-
     async fn lease(
         &self,
         hit: &Hit,

@@ -27,7 +27,7 @@ use super::call::Layout;
 /// The parts, in the order the code needs them: helpers, the rule and the state format, one
 /// file per algorithm (each registers itself by its code), how counters are read and written,
 /// one file per layout.
-const SOURCE: [&str; 16] = [
+const SOURCE: [&str; 17] = [
     include_str!("lua/prelude.lua"),
     include_str!("lua/rule.lua"),
     include_str!("lua/state.lua"),
@@ -36,6 +36,7 @@ const SOURCE: [&str; 16] = [
     include_str!("lua/sliding_log.lua"),
     include_str!("lua/token_bucket.lua"),
     include_str!("lua/gcra.lua"),
+    include_str!("lua/concurrency.lua"),
     include_str!("lua/window_counters.lua"),
     include_str!("lua/count_one.lua"),
     include_str!("lua/count.lua"),

@@ -49,7 +49,8 @@ use crate::algorithm::Outcome;
 use crate::clock::Micros;
 use crate::storage::options::StoreOptions;
 use crate::storage::{
-    CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreError,
+    CountLater, CounterReset, CounterStore, Demand, DemandPost, DemandShare, Hit, StoreClock,
+    StoreError,
 };
 
 pub struct RedisStore {
@@ -160,7 +161,6 @@ impl RedisStore {
             op,
             hits,
             node,
-            charge: self.options.charge,
             complete,
             prefix: &self.options.key_prefix,
             grace_ms: self.grace_ms(),
@@ -170,16 +170,34 @@ impl RedisStore {
     }
 }
 
-#[tonic::async_trait]
-impl CounterStore for RedisStore {
-    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+impl RedisStore {
+    /// Decides `hits` at the instant `at` gives (`None`: now), the doctor told how it went.
+    async fn apply_at_instant(
+        &self,
+        hits: &[Hit],
+        at: Option<Micros>,
+    ) -> Result<Vec<Outcome>, StoreError> {
         let connection = self.pool.connection()?;
-        let result = self.apply_remote(&connection, hits).await;
+        let result = match at {
+            Some(at) => Ok(at),
+            None => self.now(),
+        };
+        let result = match result {
+            Ok(now) => self.apply_remote(&connection, hits, now).await,
+            Err(error) => Err(error),
+        };
         match &result {
             Ok(_) => self.doctor.succeeded(),
             Err(error) => self.treat(error),
         }
         result
+    }
+}
+
+#[tonic::async_trait]
+impl CounterStore for RedisStore {
+    async fn apply(&self, hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+        self.apply_at_instant(hits, None).await
     }
 
     /// Ready when Redis takes a write, its clock is known (no decision can be made before)
@@ -202,6 +220,19 @@ impl CounterStore for RedisStore {
             ))),
             None => Ok(()),
         }
+    }
+}
+
+impl StoreClock for RedisStore {
+    fn instant(&self, _: &Hit) -> Result<Micros, StoreError> {
+        self.now()
+    }
+}
+
+#[tonic::async_trait]
+impl CountLater for RedisStore {
+    async fn apply_at(&self, hits: &[Hit], at: Micros) -> Result<Vec<Outcome>, StoreError> {
+        self.apply_at_instant(hits, Some(at)).await
     }
 }
 

@@ -12,28 +12,23 @@ use std::sync::Arc;
 
 use super::RedisStore;
 use super::fanout::Part;
-use crate::algorithm::{Charge, Outcome, State};
+use crate::algorithm::{Outcome, State};
 use crate::clock::MICROS_PER_SECOND;
 use crate::clock::Micros;
-use crate::storage::rule::vetoes;
+use crate::storage::rule::{undone_by_veto, vetoes};
 use crate::storage::{
-    CounterLease, CounterReset, CounterStore, Demand, DemandPost, DemandShare, Grant, Hit,
-    StoreError,
+    CountLater, CounterLease, CounterReset, CounterStore, Demand, DemandPost, DemandShare, Grant,
+    Hit, StoreClock, StoreError,
 };
 
 pub struct PerSecondSplit {
     main: Arc<RedisStore>,
     per_second: Arc<RedisStore>,
-    charge: Charge,
 }
 
 impl PerSecondSplit {
-    pub fn new(main: Arc<RedisStore>, per_second: Arc<RedisStore>, charge: Charge) -> Self {
-        Self {
-            main,
-            per_second,
-            charge,
-        }
+    pub fn new(main: Arc<RedisStore>, per_second: Arc<RedisStore>) -> Self {
+        Self { main, per_second }
     }
 }
 
@@ -75,7 +70,7 @@ impl CounterStore for PerSecondSplit {
         place(&mut outcomes, &others, &main);
         place(&mut outcomes, &seconds, &fast);
         let failure = main.failure.take().or(fast.failure.take());
-        let give = self.charge == Charge::IfAllowed
+        let give = undone_by_veto(hits)
             && (failure.is_some() || vetoes(hits, |index| outcomes[index].allowed, true));
         if give {
             let (main_refunds, fast_refunds) = (
@@ -121,12 +116,25 @@ impl DemandShare for PerSecondSplit {
 }
 
 /// A counter's leases go to the store that counts it.
-#[tonic::async_trait]
-impl CounterLease for PerSecondSplit {
+impl StoreClock for PerSecondSplit {
     fn instant(&self, hit: &Hit) -> Result<Micros, StoreError> {
         self.store_of(hit).instant(hit)
     }
+}
 
+#[tonic::async_trait]
+impl CountLater for PerSecondSplit {
+    /// `hits` are one counter's (`CountLater`), so they live in one of the two stores.
+    async fn apply_at(&self, hits: &[Hit], at: Micros) -> Result<Vec<Outcome>, StoreError> {
+        match hits.first() {
+            Some(hit) => self.store_of(hit).apply_at(hits, at).await,
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl CounterLease for PerSecondSplit {
     async fn lease(
         &self,
         hit: &Hit,

@@ -309,6 +309,7 @@ mod tests {
             params,
             hits: 1,
             role: Role::Enforced,
+            charge: crate::algorithm::Charge::IfAllowed,
             lease: crate::limit::Lease::AsConfigured,
         }
     }

@@ -17,7 +17,16 @@ fn hit(descriptor: usize, user: &str, requests: u64, hits: u64, role: Role) -> H
         params,
         hits,
         role,
+        charge: Charge::IfAllowed,
         lease: crate::limit::Lease::AsConfigured,
+    }
+}
+
+/// `hit` counted whether admitted or not (usage, `--count-denied`).
+fn always(hit: Hit) -> Hit {
+    Hit {
+        charge: Charge::Always,
+        ..hit
     }
 }
 
@@ -55,7 +64,7 @@ fn a_vetoed_request_consumes_nothing_and_its_admitted_hits_report_a_check() {
         hit(1, "b", 1, 1, Role::Enforced),
     ];
     let (a, b) = (holding(1), holding(1));
-    let decided = decide(&hits, &[Some(&a), Some(&b)], NOW, Charge::IfAllowed, true);
+    let decided = decide(&hits, &[Some(&a), Some(&b)], NOW, true);
     assert!(!decided.committed);
     assert_eq!(summary(&decided), [(true, 4), (false, 0)]);
     assert_eq!(counts(&decided), [None, None]);
@@ -64,14 +73,42 @@ fn a_vetoed_request_consumes_nothing_and_its_admitted_hits_report_a_check() {
 #[test]
 fn count_denied_consumes_on_every_descriptor() {
     let hits = [
-        hit(0, "a", 5, 1, Role::Enforced),
-        hit(1, "b", 1, 1, Role::Enforced),
+        always(hit(0, "a", 5, 1, Role::Enforced)),
+        always(hit(1, "b", 1, 1, Role::Enforced)),
     ];
     let (a, b) = (holding(1), holding(1));
-    let decided = decide(&hits, &[Some(&a), Some(&b)], NOW, Charge::Always, true);
+    let decided = decide(&hits, &[Some(&a), Some(&b)], NOW, true);
     assert!(decided.committed);
     assert_eq!(summary(&decided), [(true, 3), (false, 0)]);
     assert_eq!(counts(&decided), [Some(2), Some(2)]);
+}
+
+#[test]
+fn usage_counts_past_the_limit_and_vetoes_what_the_request_asked_to_admit() {
+    let hits = [
+        hit(0, "a", 5, 1, Role::Enforced),
+        always(hit(1, "tokens", 10, 4, Role::Enforced)),
+    ];
+    let (a, tokens) = (holding(1), holding(8));
+    let decided = decide(&hits, &[Some(&a), Some(&tokens)], NOW, true);
+    assert!(!decided.committed);
+    // The admission reports a check; the usage is counted in full and answered over.
+    assert_eq!(summary(&decided), [(true, 4), (false, 2)]);
+    assert_eq!(counts(&decided), [None, Some(12)]);
+}
+
+#[test]
+fn a_veto_keeps_a_usage_charge_that_an_earlier_hit_named_on_the_same_counter() {
+    let hits = [
+        hit(0, "a", 3, 2, Role::Enforced),
+        always(hit(1, "a", 3, 2, Role::Enforced)),
+        hit(2, "b", 1, 2, Role::Enforced),
+    ];
+    let decided = decide(&hits, &[None, None, None], NOW, true);
+    assert!(!decided.committed);
+    // Kept alone, the usage finds the counter empty: it fits, and leaves 2.
+    assert_eq!(summary(&decided), [(true, 3), (true, 1), (false, 1)]);
+    assert_eq!(counts(&decided), [None, Some(2), None]);
 }
 
 #[test]
@@ -80,24 +117,24 @@ fn shadow_never_vetoes_and_quota_vetoes_only_when_every_quota_descriptor_is_over
         hit(0, "a", 5, 1, Role::Enforced),
         hit(1, "s", 0, 1, Role::Shadow),
     ];
-    let decided = decide(&shadowed, &[None, None], NOW, Charge::IfAllowed, true);
+    let decided = decide(&shadowed, &[None, None], NOW, true);
     assert!(decided.committed);
     let one_quota_over = [
         hit(0, "a", 5, 1, Role::Enforced),
         hit(1, "q1", 0, 1, Role::Quota),
         hit(2, "q2", 5, 1, Role::Quota),
     ];
-    let decided = decide(&one_quota_over, &[None; 3], NOW, Charge::IfAllowed, true);
+    let decided = decide(&one_quota_over, &[None; 3], NOW, true);
     assert!(decided.committed);
     assert_eq!(summary(&decided), [(true, 4), (false, 0), (true, 4)]);
     let all_quota_over = [
         hit(0, "a", 5, 1, Role::Enforced),
         hit(1, "q1", 0, 1, Role::Quota),
     ];
-    let decided = decide(&all_quota_over, &[None; 2], NOW, Charge::IfAllowed, true);
+    let decided = decide(&all_quota_over, &[None; 2], NOW, true);
     assert!(!decided.committed);
     // A call holding part of the request cannot know every quota descriptor is over.
-    let part = decide(&all_quota_over, &[None; 2], NOW, Charge::IfAllowed, false);
+    let part = decide(&all_quota_over, &[None; 2], NOW, false);
     assert!(part.committed);
 }
 
@@ -107,7 +144,7 @@ fn the_same_counter_twice_counts_twice_and_is_written_once_by_its_last_hit() {
         hit(0, "a", 2, 1, Role::Enforced),
         hit(1, "a", 2, 1, Role::Enforced),
     ];
-    let decided = decide(&hits, &[None, None], NOW, Charge::IfAllowed, true);
+    let decided = decide(&hits, &[None, None], NOW, true);
     assert_eq!(summary(&decided), [(true, 1), (true, 0)]);
     assert_eq!(counts(&decided), [None, Some(2)]);
     assert_eq!(
@@ -122,7 +159,7 @@ fn a_denial_after_an_admission_of_the_same_counter_vetoes_both() {
         hit(0, "a", 1, 1, Role::Enforced),
         hit(1, "a", 1, 1, Role::Enforced),
     ];
-    let decided = decide(&hits, &[None, None], NOW, Charge::IfAllowed, true);
+    let decided = decide(&hits, &[None, None], NOW, true);
     assert!(!decided.committed);
     // The first hit reports a check on the counter as found: one left.
     assert_eq!(summary(&decided), [(true, 1), (false, 0)]);
@@ -134,9 +171,9 @@ fn a_denial_vetoes_a_lone_hit_as_the_rule_says_for_one_descriptor() {
     for role in [Role::Enforced, Role::Quota, Role::Shadow] {
         let full = holding(1);
         let hits = [hit(0, "a", 1, 1, role)];
-        let whole = decide(&hits, &[Some(&full)], NOW, Charge::IfAllowed, true);
+        let whole = decide(&hits, &[Some(&full)], NOW, true);
         assert_eq!(!whole.committed, rejects([(role, true)]), "{role:?}");
-        let part = decide(&hits, &[Some(&full)], NOW, Charge::IfAllowed, false);
+        let part = decide(&hits, &[Some(&full)], NOW, false);
         assert_eq!(!part.committed, role == Role::Enforced, "{role:?}");
     }
 }
@@ -150,16 +187,23 @@ fn a_lone_hit_is_decided_as_beside_a_hit_that_cannot_change_its_outcome() {
         for held in [None, Some(holding(0)), Some(holding(2)), Some(holding(3))] {
             for charge in [Charge::IfAllowed, Charge::Always] {
                 for complete in [true, false] {
-                    let lone = hit(0, "a", 3, 2, role);
-                    let alone = decide(
-                        std::slice::from_ref(&lone),
-                        &[held.as_ref()],
-                        NOW,
-                        charge,
-                        complete,
-                    );
-                    let pair = [lone, bystander.clone()];
-                    let beside = decide(&pair, &[held.as_ref(), None], NOW, charge, complete);
+                    let lone = Hit {
+                        charge: if role == Role::Refund {
+                            Charge::IfAllowed
+                        } else {
+                            charge
+                        },
+                        ..hit(0, "a", 3, 2, role)
+                    };
+                    let alone =
+                        decide(std::slice::from_ref(&lone), &[held.as_ref()], NOW, complete);
+                    // Beside a hit a veto would undo only when the lone one is too.
+                    let bystander = Hit {
+                        charge: lone.charge,
+                        ..bystander.clone()
+                    };
+                    let pair = [lone, bystander];
+                    let beside = decide(&pair, &[held.as_ref(), None], NOW, complete);
                     let case = format!("{role:?} {held:?} {charge:?} complete={complete}");
                     assert_eq!(alone.outcomes[0], beside.outcomes[0], "{case}");
                     assert_eq!(alone.committed, beside.committed, "{case}");

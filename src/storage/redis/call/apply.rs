@@ -5,15 +5,20 @@
 
 use redis::{Cmd, Value};
 
-use super::numbers::{integers, n, packed, role_code, state_from_numbers, tick};
+use super::numbers::{integers, n, packed, role_and_charge, role_code, state_from_numbers, tick};
 use super::{Call, Layout, Reply};
 use crate::algorithm::{Charge, Outcome, State};
-use crate::storage::{Hit, StoreError};
+use crate::storage::{Hit, Role, StoreError};
 
 pub fn encode(call: &Call<'_>, command: &mut Cmd) {
+    // When every charge counts whether admitted or not (`--count-denied`), the call says it
+    // once; otherwise each such charge says it in its role. A call either build could send
+    // is then written as the builds before this one wrote it.
+    let charges = || call.hits.iter().filter(|hit| hit.role != Role::Refund);
+    let always = charges().next().is_some() && charges().all(|hit| hit.charge == Charge::Always);
     let header = [
         n(call.instant()),
-        i64::from(call.charge == Charge::Always),
+        i64::from(always),
         i64::from(call.complete),
         n(call.grace_ms),
         n(call.hits.len() as u64),
@@ -31,7 +36,11 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
                 tick,
                 parameter,
                 n(hit.hits),
-                role_code(hit.role),
+                if always {
+                    role_code(hit.role)
+                } else {
+                    role_and_charge(hit)
+                },
                 n(hit.descriptor as u64),
                 earlier,
             ]

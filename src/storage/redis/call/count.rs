@@ -1,5 +1,5 @@
 //! `Layout::Count` (lua/count.lua): hits on fixed windows aligned on the epoch only, any
-//! number (one request's descriptors, a counter possibly named twice, either charge). Redis
+//! number (one request's descriptors, a counter possibly named twice, all of one charge). Redis
 //! counts each counter by INCRBY when the hits count the same and all fit, and otherwise
 //! reads every counter, applies the request rule and counts each changed counter once; the
 //! counts it found come back, with whether it committed, and the outcomes are worked out here
@@ -18,7 +18,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
     // a later one does; the usual call, of distinct counters, goes without (less to unpack).
     let repeats = call.earlier().any(|earlier| earlier > 0);
     let header = [
-        i64::from(call.charge == Charge::Always),
+        i64::from(call.hits.iter().all(|hit| hit.charge == Charge::Always)),
         i64::from(call.complete),
         i64::from(repeats),
         n(call.hits.len() as u64),
@@ -84,7 +84,7 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
         })
         .collect::<Result<_, StoreError>>()?;
     let found: Vec<Option<&State>> = found.iter().map(Option::as_ref).collect();
-    let decided = rule::decide(call.hits, &found, now, call.charge, call.complete);
+    let decided = rule::decide(call.hits, &found, now, call.complete);
     if count(committed) != Some(u64::from(decided.committed)) {
         return Err(StoreError::MalformedReply(format!(
             "count call committed {committed:?}, where the request rule says {}",

@@ -19,7 +19,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
         .arg(hit.params.requests)
         .arg(hit.hits)
         .arg(counter_ttl_ms(&hit.params, call.instant(), call.grace_ms))
-        .arg(if call.charge == Charge::Always {
+        .arg(if hit.charge == Charge::Always {
             "1"
         } else {
             "0"
@@ -38,13 +38,7 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
             count,
         })
     });
-    let decided = rule::decide(
-        call.hits,
-        &[found.as_ref()],
-        now,
-        call.charge,
-        call.complete,
-    );
+    let decided = rule::decide(call.hits, &[found.as_ref()], now, call.complete);
     let after = decided.state_after(call.hits, &[found.as_ref()], 0);
     Ok(Reply {
         committed: decided.committed,

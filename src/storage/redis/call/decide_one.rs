@@ -15,7 +15,7 @@ use crate::storage::{StoreError, rule};
 /// Whether a lone hit on a counter with `params` goes this way.
 pub fn takes(params: &Params) -> bool {
     match params.algorithm {
-        Algorithm::SlidingLog { .. } => params.requests <= LONGEST_LOG,
+        Algorithm::SlidingLog { .. } | Algorithm::Concurrency => params.requests <= LONGEST_LOG,
         Algorithm::FixedWindow { .. }
         | Algorithm::SlidingWindow
         | Algorithm::TokenBucket { .. }
@@ -37,7 +37,7 @@ pub fn encode(call: &Call<'_>, command: &mut Cmd) {
             n((params.window / tick).max(1)),
             n(params.algorithm.parameter_in_ticks(tick)),
             n(hit.hits),
-            i64::from(call.charge == Charge::Always),
+            i64::from(hit.charge == Charge::Always),
             n(tick),
             n(call.grace_ms),
         ])
@@ -70,7 +70,10 @@ pub fn packed_expiry_ms(params: &Params, grace_ms: u64) -> Option<u64> {
         Algorithm::SlidingLog { .. } => {
             u128::from(window.max(params.algorithm.parameter_in_ticks(tick)))
         }
-        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow => return None,
+        // A concurrency limit's lone hit takes the general path, which writes text.
+        Algorithm::FixedWindow { .. } | Algorithm::SlidingWindow | Algorithm::Concurrency => {
+            return None;
+        }
     };
     let kept_ms = u64::try_from((kept * u128::from(tick)).div_ceil(1000).max(1)).ok()?;
     kept_ms.checked_add(grace_ms)
@@ -87,13 +90,7 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Reply, StoreError> {
         reply => state_of(hit.params.algorithm, &reply)?,
     };
     let found = [found.as_ref()];
-    let decided = rule::decide(
-        call.hits,
-        &found,
-        call.instant(),
-        call.charge,
-        call.complete,
-    );
+    let decided = rule::decide(call.hits, &found, call.instant(), call.complete);
     let after = decided.state_after(call.hits, &found, 0);
     Ok(Reply {
         committed: decided.committed,

@@ -12,7 +12,9 @@ use crate::storage::{Role, StoreError};
 impl Layout {
     /// The layout of `call`: the cheapest one that can carry it.
     pub fn of(call: &Call<'_>) -> Layout {
-        let counters = !call.hits.is_empty() && call.hits.iter().all(|hit| is_counter(&hit.params));
+        let counters = !call.hits.is_empty()
+            && call.hits.iter().all(|hit| is_counter(&hit.params))
+            && one_charge(call);
         match (&call.op, call.hits, call.node) {
             (Op::GiveBack { .. }, _, _) => Layout::GiveBack,
             (Op::Lease { .. }, _, _) => Layout::Lease,
@@ -29,7 +31,9 @@ impl Layout {
     /// Whether this layout can carry `call` (`of` picks the cheapest that can; a measurement
     /// may ask for another).
     pub fn carries(self, call: &Call<'_>) -> bool {
-        let counters = call.hits.iter().all(|hit| is_counter(&hit.params)) && !has_refund(call);
+        let counters = call.hits.iter().all(|hit| is_counter(&hit.params))
+            && !has_refund(call)
+            && one_charge(call);
         let lone = call.hits.len() == 1 && call.node.is_none();
         match (self, &call.op) {
             (Layout::GiveBack, Op::GiveBack { .. }) => true,
@@ -73,6 +77,14 @@ impl Layout {
             Layout::GiveBack => give_back::decode(call, reply),
         }
     }
+}
+
+/// Whether every hit of a call has the same charge: the counting layouts say it once for the
+/// call (a usage charge beside an admission goes by Apply, which says it per hit).
+fn one_charge(call: &Call<'_>) -> bool {
+    call.hits
+        .windows(2)
+        .all(|pair| pair[0].charge == pair[1].charge)
 }
 
 /// Whether a call gives hits back on a client's request (`Role::Refund`).

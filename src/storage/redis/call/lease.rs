@@ -80,6 +80,9 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Grant, StoreError> {
         return Err(malformed());
     };
     let count = |number: i64| u64::try_from(number).map_err(|_| malformed());
+    // A fixed window answers its limit less its count, which a usage charge can leave below 0.
+    let overrun = unleased < 0;
+    let unleased = unleased.max(0);
     // A fixed window answers no state (-1 -1); a bucket whose lease took nothing neither.
     let after = match (call.hits.first(), count(first), count(second)) {
         (Some(hit), Ok(first), Ok(second)) if !is_counter(&hit.params) => {
@@ -90,6 +93,7 @@ pub fn decode(call: &Call<'_>, reply: Value) -> Result<Grant, StoreError> {
     Ok(Grant {
         granted: count(granted)?,
         unleased: count(unleased)?,
+        overrun,
         holders: count(holders)?,
         intact: intact == 1,
         after,

@@ -22,7 +22,7 @@ pub mod lease;
 pub mod lease_return;
 pub mod numbers;
 
-use crate::algorithm::{Algorithm, Charge, Outcome, Params, State};
+use crate::algorithm::{Algorithm, Outcome, Params, State};
 use crate::clock::Micros;
 use crate::storage::{Hit, StoreError};
 use numbers::{is_counter, window_number};
@@ -182,7 +182,6 @@ pub struct Call<'a> {
     /// MOVED, no ASK, so no ASKING that would make a migrating slot's missing counters look
     /// local): a counter not on the node fails the read of it, before any write.
     pub node: Option<(&'a str, u16)>,
-    pub charge: Charge,
     /// Whether the hits are the whole request (see `storage::rule`).
     pub complete: bool,
     /// Put before every key (`--store-key-prefix`); it holds no `{`, so slots are unchanged.

@@ -4,11 +4,11 @@
 use redis::Value;
 
 use crate::algorithm::{
-    Algorithm, Anchor, EXACT_BOUND, Params, State, fixed_window, gcra, sliding_log, sliding_window,
-    token_bucket,
+    Algorithm, Anchor, Charge, EXACT_BOUND, Params, State, fixed_window, gcra, sliding_log,
+    sliding_window, token_bucket,
 };
 use crate::clock::Micros;
-use crate::storage::{Role, StoreError};
+use crate::storage::{Hit, Role, StoreError};
 
 /// The longest sliding log whose lone hits go by `Layout::DecideOne`, and so the most runs a
 /// packed log holds. That layout answers the state, two numbers per run of hits, and a log
@@ -51,6 +51,7 @@ pub fn code(algorithm: Algorithm) -> i64 {
         Algorithm::SlidingLog { .. } => 3,
         Algorithm::TokenBucket { .. } => 4,
         Algorithm::Gcra { .. } => 5,
+        Algorithm::Concurrency => 7,
     }
 }
 
@@ -71,6 +72,16 @@ pub fn role_code(role: Role) -> i64 {
         Role::Shadow => 2,
         Role::Refund => 3,
     }
+}
+
+/// A hit's role, with `ALWAYS` (rule.lua) added for a charge that counts whether admitted or
+/// not: how the layouts that carry hits of either charge (Apply) send both.
+pub fn role_and_charge(hit: &Hit) -> i64 {
+    let always = match hit.charge {
+        Charge::IfAllowed => 0,
+        Charge::Always => 4,
+    };
+    role_code(hit.role) + always
 }
 
 /// Whether a counter is one integer per window (a fixed window aligned on the epoch).
@@ -135,7 +146,8 @@ pub fn state_from_numbers(algorithm: Algorithm, numbers: &[u64]) -> Option<State
                 previous,
             })
         }
-        Algorithm::SlidingLog { .. } => {
+        // A concurrency limit's holds are a sliding log's runs.
+        Algorithm::SlidingLog { .. } | Algorithm::Concurrency => {
             if !numbers.len().is_multiple_of(2) {
                 return None;
             }

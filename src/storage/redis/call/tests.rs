@@ -20,6 +20,7 @@ fn hit(user: &str, algorithm: Algorithm, requests: u64) -> Hit {
         params,
         hits: 1,
         role: Role::Enforced,
+        charge: crate::algorithm::Charge::IfAllowed,
         lease: crate::limit::Lease::AsConfigured,
     }
 }
@@ -29,7 +30,6 @@ fn call<'a>(op: Op<'a>, hits: &'a [Hit], node: Option<(&'a str, u16)>) -> Call<'
         op,
         hits,
         node,
-        charge: Charge::IfAllowed,
         complete: true,
         prefix: "",
         grace_ms: 110,

@@ -1,18 +1,21 @@
 -- Layout Apply (src/storage/redis/call/apply.rs): any hits, any algorithms, decided and
 -- answered here, atomically, as src/storage/memory/ does in-process (and by the same rule,
 -- rule.lua): every counter read before any is written, each hit decided on the state the hits
--- before it left, and a vetoed call writes nothing but its refunds (role REFUND: the hits go
--- back, answered allowed, never vetoing).
+-- before it left, and a vetoed call writes nothing but what a veto keeps: its refunds (role
+-- REFUND: the hits go back, answered allowed, never vetoing) and the charges that count
+-- whether admitted or not (ALWAYS added to the role), decided again on their own chain.
 -- KEYS      the counter of each hit (all in one slot; a counter may appear more than once; a
 --           fixed window aligned on the epoch with its window's number appended), then the
 --           window's counter of each sliding window written as counters (window_counters.lua);
 --           none for the cross-slot twin, whose counters follow ARGV[1].
--- ARGV[1]   packed: now (µs), 1 with --count-denied else 0, 1 when these are all the hits of
---           the request else 0 (only an enforced denial vetoes a part: the caller refunds
---           when the whole request turns out vetoed), grace (ms), n; then 9 per hit:
---           algorithm code, requests, window (µs), tick (µs), parameter (ticks), hits, role
---           (rule.lua), descriptor index, the number of the hit before it on the same counter
---           (0: none).
+-- ARGV[1]   packed: now (µs), 1 when every charge (hit not a refund) counts whether
+--           admitted or not (--count-denied) else 0, 1 when these are all the hits of the
+--           request else 0 (only an enforced denial vetoes a part: the caller refunds when the
+--           whole request turns out vetoed), grace (ms), n; then 9 per hit: algorithm code,
+--           requests, window (µs), tick (µs), parameter (ticks), hits, role (rule.lua; with
+--           ALWAYS added for a charge that counts whether admitted or not, when the call does
+--           not say it of every charge), descriptor index, the number of the hit before it on
+--           the same counter (0: none).
 -- Returns   {committed (1|0), then 6 per hit: allowed (1|0), remaining (when denied: the
 --           room found), reset_after µs, retry_after µs, and the first two numbers of the
 --           counter's state after the call (-1: none), which a later refund may require}.
@@ -114,12 +117,17 @@ local function apply(keys, argv)
   if #keys ~= declared then
     return malformed('call')
   end
-  local charge = charge_flag == 1
+  -- Per hit: whether its charge counts whether admitted or not; and whether a veto would
+  -- undo any hit (a call whose every hit it keeps is never vetoed).
+  local always, undone = {}, false
   for i = 1, n do
     local at = PER_APPLY * (i - 1)
     if ALGORITHMS[h[at + 1]] == nil or h[at + 4] < 1 or h[at + 9] >= i then
       return malformed('hit ' .. i)
     end
+    local refund = h[at + 7] == REFUND
+    always[i] = h[at + 7] >= ALWAYS or (charge_flag == 1 and not refund)
+    undone = undone or not (always[i] or refund)
   end
   -- Per hit: the state its counter was found in, the state it leaves it in, when that may be
   -- forgotten (µs from now; nil: it wrote nothing), and the outcome.
@@ -142,7 +150,7 @@ local function apply(keys, argv)
       new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
     else
       new_state, ok, remaining, reset_after, retry_after =
-        decide_in_ticks(h, at, before, now, h[at + 6], charge)
+        decide_in_ticks(h, at, before, now, h[at + 6], always[i])
     end
     allowed[i] = ok
     denied = denied or not ok
@@ -154,10 +162,11 @@ local function apply(keys, argv)
     end
   end
 
-  if denied and not charge and vetoes(h, n, allowed, 0, PER_APPLY, 7, 8, complete_flag == 1) then
-    -- Nothing consumed but the refunds: each charge admitted reports a check on its counter as
-    -- the refunds before it left it; each refund is applied again on that chain.
-    local kept, refunded = {}, {}
+  if denied and undone and vetoes(h, n, allowed, 0, PER_APPLY, 7, 8, complete_flag == 1) then
+    -- Nothing consumed but what a veto keeps: each other charge admitted reports a check on
+    -- its counter as the kept hits before it left it; each kept hit is applied again on that
+    -- chain.
+    local kept, wrote = {}, {}
     for i = 1, n do
       local at = PER_APPLY * (i - 1)
       local earlier, before = h[at + 9], found[i]
@@ -165,18 +174,24 @@ local function apply(keys, argv)
         before = kept[earlier]
       end
       kept[i] = before
-      if h[at + 7] == REFUND then
-        local new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
+      if h[at + 7] == REFUND or always[i] then
+        local new_state, ok, remaining, reset_after, retry_after
+        if always[i] then
+          new_state, ok, remaining, reset_after, retry_after =
+            decide_in_ticks(h, at, before, now, h[at + 6], true)
+        else
+          new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
+        end
         record(out, i, ok, remaining, reset_after, retry_after, nil)
         if new_state then
-          kept[i], refunded[i] = new_state, reset_after
+          kept[i], wrote[i] = new_state, reset_after
         end
       elseif allowed[i] then
-        local _, ok, remaining, reset_after, retry_after = decide_in_ticks(h, at, before or nil, now, 0, charge)
+        local _, ok, remaining, reset_after, retry_after = decide_in_ticks(h, at, before or nil, now, 0, false)
         record(out, i, ok, remaining, reset_after, retry_after, nil)
       end
     end
-    write_counters(keys, h, n, parts, kept, refunded, grace, out)
+    write_counters(keys, h, n, parts, kept, wrote, grace, out)
     return out
   end
 

@@ -18,7 +18,9 @@
 --           believes the tally holds for it (granted, less what it asked to give back).
 -- ARGV[2]   the holder's name.
 -- Returns   {hits granted (at most those asked for, never past the limit), the hits nobody
---           holds after (what a hit decided now would find), the number of holders the tally
+--           holds after (what a hit decided now would find; a fixed window's below 0 when a
+--           charge that counts whether admitted or not took it past its limit), the number
+--           of holders the tally
 --           names (a bucket's: whose slices still live), 1 if the tally holds at least what the
 --           holder believes else 0 (a fixed window reset, flushed or rolled back since: the
 --           holder's earlier slices are stale; always 1 for a bucket),
@@ -68,7 +70,9 @@ local function lease(keys, argv)
         redis_call('PEXPIRE', keys[1], ttl)
       end
     end
-    remaining, reset_after = max(limit - count, 0), window_us - fmod(at, window_us)
+    -- Below 0 when a charge that counts whether admitted or not took the count past the
+    -- limit: the caller then drops what it holds.
+    remaining, reset_after = limit - count, window_us - fmod(at, window_us)
     if granted > 0 then
       redis_call('HINCRBY', keys[2], holder, string_format('%d', granted))
       redis_call('PEXPIRE', keys[2], ttl)

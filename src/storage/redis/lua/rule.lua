@@ -4,8 +4,9 @@
 -- descriptors and every one is over; shadow hits never veto. A descriptor is over when any of
 -- its hits is denied; its hits are adjacent.
 -- A hit's role, as packed (call/numbers.rs, `role_code`): 0 enforced, 1 quota, 2 shadow,
--- 3 refund (never over: a refund is answered allowed).
-local ENFORCED, QUOTA = 0, 1
+-- 3 refund (never over: a refund is answered allowed); with ALWAYS added (`role_and_charge`)
+-- for a charge that counts whether admitted or not.
+local ENFORCED, QUOTA, ALWAYS = 0, 1, 4
 
 -- `allowed[i]` says whether hit i fits; its role and descriptor index are h[at(i) + role_at]
 -- and h[at(i) + descriptor_at], at(i) = first + (i - 1) * stride.
@@ -14,7 +15,7 @@ local function vetoes(h, n, allowed, first, stride, role_at, descriptor_at, comp
   local i = 1
   while i <= n do
     local at = first + (i - 1) * stride
-    local descriptor, role, over = h[at + descriptor_at], h[at + role_at], false
+    local descriptor, role, over = h[at + descriptor_at], h[at + role_at] % ALWAYS, false
     while i <= n and h[first + (i - 1) * stride + descriptor_at] == descriptor do
       over = over or not allowed[i]
       i = i + 1

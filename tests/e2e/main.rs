@@ -9,6 +9,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod budgets;
 mod deploy;
 mod envoy;
 mod envoy_current;

@@ -34,6 +34,7 @@ mod window_edges;
 
 mod bench_calls;
 mod bucket_leases;
+mod concurrency;
 mod failover;
 mod layouts;
 mod leases;

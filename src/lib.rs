@@ -51,8 +51,9 @@
 //!   files are whole);
 //!   `statsd`: the metrics sent to statsd (TCP or UDP) under the reference's stat names;
 //!   `xds`: rules pushed by a control plane (`config/xds.rs` reads the resources).
-//! - `limiter`: the decision, free of transport types (`limiter/answer.rs` builds the answer
-//!   from the store's outcomes, `limiter/stats.rs` counts it in the per-limit metrics);
+//! - `limiter`: the decision, free of transport types (`limiter/charges.rs` says whether each
+//!   hit counts only when admitted, `limiter/answer.rs` builds the answer from the store's
+//!   outcomes, `limiter/stats.rs` counts it in the per-limit metrics);
 //!   `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
 //!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:

@@ -128,6 +128,14 @@ impl Charges {
         ("usage", Charges::Usage),
         ("reserve", Charges::Reserve),
     ];
+
+    /// The config name, when a rule says it.
+    pub fn name(self) -> Option<&'static str> {
+        Charges::NAMES
+            .iter()
+            .find(|(_, charges)| *charges == self)
+            .map(|(name, _)| *name)
+    }
 }
 
 impl Limit {

@@ -9,6 +9,7 @@
 //! the reference computes them) and what the request reserved.
 
 mod answer;
+mod charges;
 mod stats;
 
 use std::pin::Pin;
@@ -18,10 +19,10 @@ use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 use tracing::Instrument;
 
-use crate::algorithm::{Algorithm, Charge, Outcome};
+use crate::algorithm::Outcome;
 use crate::clock::Micros;
 use crate::descriptor::{Descriptor, Request};
-use crate::limit::{Charges, Limit};
+use crate::limit::Limit;
 use crate::metrics::{self, Metrics};
 use crate::rules::matcher::{self, Match};
 use crate::rules::{Policy, Rule, RuleSet};
@@ -166,7 +167,7 @@ impl RateLimiter {
     }
 
     /// Whether the store leases busy counters, and if so whether by default (`--lease auto`):
-    /// `None` for a store that does not (memory, `--count-denied`).
+    /// `None` for a store that does not (memory, `--deny-cache-max-ttl 0s`).
     pub fn leasing(&self) -> Option<bool> {
         self.leasing
     }
@@ -266,7 +267,7 @@ impl RateLimiter {
                 self.resolve(request, index, descriptor, found, &replaced, &mut hits)
             })
             .collect();
-        settle(&mut hits);
+        Self::settle(&mut hits);
         (resolved, hits)
     }
 
@@ -344,44 +345,6 @@ impl RateLimiter {
             rule,
             role,
             first_hit,
-        }
-    }
-}
-
-impl RateLimiter {
-    /// Whether a hit on `limit` consumes when denied or vetoed: as its rule's `charges` says,
-    /// else as `--count-denied`. A refund gives back, and a concurrency take that is refused
-    /// holds nothing, whatever either says.
-    fn charge_of(&self, limit: &Limit, role: Role) -> Charge {
-        if role == Role::Refund || limit.algorithm == Algorithm::Concurrency {
-            return Charge::IfAllowed;
-        }
-        match limit.charges {
-            Charges::Usage => Charge::Always,
-            Charges::Admission | Charges::Reserve => Charge::IfAllowed,
-            Charges::AsConfigured if self.modes.count_denied => Charge::Always,
-            Charges::AsConfigured => Charge::IfAllowed,
-        }
-    }
-}
-
-/// A request that gives back on a counter and charges it too settles a stream: the refund
-/// returns what the request reserved, and the charge reports what the stream spent, which
-/// counts in full, as usage, past the limit too. Envoy sends both in one call when the
-/// stream ends (docs/budgets.md, "reserve and settle"). A concurrency take is never usage.
-fn settle(hits: &mut [Hit]) {
-    if !hits.iter().any(|hit| hit.role == Role::Refund) {
-        return;
-    }
-    for index in 0..hits.len() {
-        let hit = &hits[index];
-        let settles = hit.role != Role::Refund
-            && hit.params.algorithm != Algorithm::Concurrency
-            && hits
-                .iter()
-                .any(|other| other.role == Role::Refund && other.key == hit.key);
-        if settles {
-            hits[index].charge = Charge::Always;
         }
     }
 }

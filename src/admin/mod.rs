@@ -241,6 +241,9 @@ fn describe_limit(limit: &Limit, leasing: Option<bool>) -> String {
     {
         out.push_str(" lease=auto");
     }
+    if let Some(charges) = limit.charges.name() {
+        let _ = write!(out, " charges={charges}");
+    }
     out
 }
 

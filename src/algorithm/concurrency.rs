@@ -67,9 +67,18 @@ pub fn refund(state: &State, now: Micros, longest: Micros, count: u64) -> State 
     holds
 }
 
-/// Gives back `count` holds taken at `at` (a vetoed request's): exact, as a sliding log's.
-pub fn give_back(state: &State, at: Micros, count: u64) -> State {
-    sliding_log::give_back(state, at, count)
+/// Gives back `count` holds a vetoed request took at `at`: from the holds logged at `at`,
+/// exactly, as a sliding log's. The take may have been logged at a later instant (a log
+/// never runs backwards, and another replica's clock can be a little ahead of this one's),
+/// where nothing is at `at`: the oldest live holds go back then, as a refund's would, so
+/// that the count, which is what admits, comes down at once rather than the hold leaking for
+/// the longest hold (a hold left in place of an older one lives longer: under-admission).
+pub fn give_back(state: &State, at: Micros, longest: Micros, count: u64) -> State {
+    if state.runs.iter().any(|&(instant, _)| instant == at) {
+        sliding_log::give_back(state, at, count)
+    } else {
+        refund(state, at, longest, count)
+    }
 }
 
 #[cfg(test)]
@@ -137,6 +146,19 @@ mod tests {
         let (state, _) = take(None, BASE, 2);
         let left = refund(&state.unwrap(), BASE, HOLD, 5);
         assert!(left.runs.is_empty());
+    }
+
+    #[test]
+    fn a_vetoed_take_goes_back_from_its_instant_or_else_from_the_oldest_hold() {
+        let (state, _) = take(None, BASE, 1);
+        let (state, _) = take(state.as_ref(), BASE + secs(5), 1);
+        let state = state.unwrap();
+        let exact = give_back(&state, BASE + secs(5), HOLD, 1);
+        assert_eq!(Vec::from(exact.runs), vec![(BASE, 1)]);
+        // A take at 3 s logged at 5 s (the log does not run backwards): nothing at 3 s, the
+        // oldest goes, and the count is right at once.
+        let logged_later = give_back(&state, BASE + secs(3), HOLD, 1);
+        assert_eq!(Vec::from(logged_later.runs), vec![(BASE + secs(5), 1)]);
     }
 
     /// One request of the interleaving: when it takes (µs after the previous request's

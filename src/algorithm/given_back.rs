@@ -98,7 +98,7 @@ fn returned(
             }
             (Algorithm::SlidingLog { .. }, Returned::Refund) => sliding_log::refund(state, hits),
             (Algorithm::Concurrency, Returned::ConsumedAt) => {
-                concurrency::give_back(state, at, hits)
+                concurrency::give_back(state, at, w, hits)
             }
             (Algorithm::Concurrency, Returned::Refund) => concurrency::refund(state, at, w, hits),
             _ => return None,

@@ -56,7 +56,7 @@ fn parameters_of_another_algorithm_are_refused_naming_their_owners() {
 
 /// An algorithm with random parameters, as a rule could configure it.
 fn params() -> impl Strategy<Value = Params> {
-    (0usize..5, 1u64..20, 1u64..60, 1u64..20, 0u64..3).prop_map(
+    (0usize..6, 1u64..20, 1u64..60, 1u64..20, 0u64..3).prop_map(
         |(which, requests, window_s, burst, gap_s)| {
             let algorithm = match which {
                 0 => Algorithm::FixedWindow {
@@ -67,7 +67,8 @@ fn params() -> impl Strategy<Value = Params> {
                     min_interval: secs(gap_s),
                 },
                 3 => Algorithm::TokenBucket { burst },
-                _ => Algorithm::Gcra { burst },
+                4 => Algorithm::Gcra { burst },
+                _ => Algorithm::Concurrency,
             };
             Params {
                 algorithm,

@@ -41,8 +41,9 @@ impl RateLimiter {
 
 /// What the request consumed on each limit that reports it (`Limit::reserved_as`), by name:
 /// a charge admitted by a request that was not rejected, or a charge that counts whatever
-/// its fate. Two descriptors reporting one name report the smaller: the end of the stream
-/// then never gives back more than either reserved.
+/// its fate. A charge settling a refund of its counter (`RateLimiter::settle`) reserves nothing:
+/// it reports what a stream spent. Two descriptors reporting one name report the smaller:
+/// the end of the stream then never gives back more than either reserved.
 fn reserved(
     resolved: &[Resolved<'_>],
     hits: &[Hit],
@@ -69,7 +70,11 @@ fn reserved(
                 Charge::Always => true,
                 Charge::IfAllowed => outcome.allowed && !over,
             };
-            if hit.role == Role::Refund || hit.hits == 0 || !consumed {
+            let settles = || {
+                hits.iter()
+                    .any(|other| other.role == Role::Refund && other.key == hit.key)
+            };
+            if hit.role == Role::Refund || hit.hits == 0 || !consumed || settles() {
                 continue;
             }
             match reserved.iter_mut().find(|(known, _)| known == name) {

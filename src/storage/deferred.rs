@@ -8,11 +8,12 @@
 //! it is over costs the store one call per counter per period rather than one per request,
 //! and every hit is counted in full. A fixed window's hits of two windows are counted apart,
 //! each in its own. Bound: a deferred hit reaches the store within `FLUSH_EVERY` and one
-//! call (the store timeout), counted at most `FLUSH_EVERY` before its own instant, never in
-//! another fixed window; well within the grace a counter is kept past its window's end, so
-//! the window it counts in still exists. A flush that fails loses its hits, which are
-//! counted in `tollgate_deferred_hits_lost_total` and logged (the store was failing every
-//! call then). Shutdown counts what is left (`Deferred::flush_all`).
+//! call (the store timeout) after the batch it joined began, counted at that batch's first
+//! instant, never in another fixed window; well within the grace a counter is kept past its
+//! window's end, so the window it counts in still exists. A flush that fails (or times out,
+//! when the store may still have counted it) is counted in
+//! `tollgate_deferred_hits_lost_total` and logged (the store was failing every call then).
+//! Shutdown counts what is left, after any flush in flight (`Deferred::flush_all`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -41,6 +42,8 @@ struct Pending {
 pub struct Deferred {
     /// By counter and, for a fixed window aligned on the epoch, its window's number.
     pending: Mutex<HashMap<(CounterKey, u64), Pending>>,
+    /// Held by a flush while it sends: shutdown's flush waits for the one in flight.
+    flushing: tokio::sync::Mutex<()>,
     store: Arc<dyn CountLater>,
     timeout: Duration,
     /// `tollgate_deferred_hits_total`.
@@ -55,6 +58,7 @@ impl Deferred {
     pub fn start(store: Arc<dyn CountLater>, timeout: Duration, metrics: &Metrics) -> Arc<Self> {
         let deferred = Arc::new(Self {
             pending: Mutex::new(HashMap::new()),
+            flushing: tokio::sync::Mutex::new(()),
             store,
             timeout,
             deferred: metrics.store.deferred_hits.clone(),
@@ -97,8 +101,10 @@ impl Deferred {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Counts every deferred hit now, one call per counter, all at once.
+    /// Counts every deferred hit now, one call per counter, all at once, after the flush in
+    /// flight if any.
     async fn flush(&self) {
+        let _turn = self.flushing.lock().await;
         let batch: Vec<Pending> = self.pending().drain().map(|(_, pending)| pending).collect();
         let counting = batch.iter().map(|pending| async move {
             let counted = self
@@ -202,6 +208,7 @@ mod tests {
         let store = Arc::new(Recorder::default());
         let deferred = Deferred {
             pending: Mutex::new(HashMap::new()),
+            flushing: tokio::sync::Mutex::new(()),
             store: Arc::clone(&store) as Arc<dyn CountLater>,
             timeout: Duration::from_secs(1),
             deferred: Counter::default(),

@@ -156,8 +156,8 @@ pub fn undone_by_veto(hits: &[Hit]) -> bool {
 
 /// A vetoed request: nothing is consumed but what a veto keeps (`kept_by_veto`), decided
 /// again on the chain of those alone. Every other charge reports a check on its counter as
-/// the kept hits before it left it (a denied one keeps its denial); each counter a kept hit
-/// changed is written.
+/// the kept hits before it left it; a hit denied at first keeps its denial, which the veto
+/// (and the overall code) went by; each counter a kept hit changed is written.
 fn vetoed_with_refunds(
     hits: &[Hit],
     found: &[Option<&State>],
@@ -174,7 +174,9 @@ fn vetoed_with_refunds(
         let (state, expires_at) = match kept_by_veto(hit) {
             true => {
                 let kept = transition(hit, before, now);
-                outcomes[index] = kept.outcome;
+                if outcomes[index].allowed {
+                    outcomes[index] = kept.outcome;
+                }
                 let expires_at = kept.state.as_ref().map(|_| kept.expires_at);
                 (kept.state.or_else(|| before.cloned()), expires_at)
             }

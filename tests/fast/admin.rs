@@ -73,6 +73,28 @@ async fn config_lists_one_line_per_limit() {
     );
 }
 
+#[tokio::test]
+async fn config_names_what_a_limits_charges_are_and_a_concurrency_limit() {
+    let rules = r#"
+domain: ai
+descriptors:
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 10000, charges: usage}
+  - key: in_flight
+    rate_limit: {name: in_flight, unit: minute, requests_per_unit: 4, algorithm: concurrency}
+"#;
+    let server = start(&[("ai.yaml", rules)]).await;
+    assert_eq!(
+        server.http("GET", "/config", "").await,
+        (
+            200,
+            "ai.in_flight: unit=MINUTE requests_per_unit=4 algorithm=concurrency, shadow_mode: false, quota_mode: false\n\
+             ai.tokens: unit=HOUR requests_per_unit=10000 charges=usage, shadow_mode: false, quota_mode: false\n"
+                .to_owned()
+        )
+    );
+}
+
 async fn grpc_health(
     server_addr: std::net::SocketAddr,
     service: &str,

@@ -6,7 +6,7 @@
 
 use super::slice::{Followed, follow, take, window_of};
 use super::{Asked, Book, LOOKAHEAD, Leased, MIN_SLICE, budget};
-use crate::algorithm::Outcome;
+use crate::algorithm::{Charge, Outcome};
 use crate::clock::{MICROS_PER_SECOND, Micros};
 use crate::storage::{Hit, PerHit, Role};
 
@@ -205,10 +205,10 @@ impl Leased {
     }
 
     /// What the store's answers say nobody holds of the followed counters: the next lease's
-    /// size goes by it. A denial gives this replica's slice of its counter back: a charge
-    /// that counts whether admitted or not (usage) may have taken the count past the limit,
-    /// and what the slice holds is then no budget left (a slice is never needed for what the
-    /// store just denied).
+    /// size goes by it. A denied charge that counts whatever its fate (usage) gives this
+    /// replica's slice of its counter back: usage may have taken the count past the limit,
+    /// and what the slice holds is then no budget left. (An admission's denial leaves the
+    /// slice: without usage, budget held is budget counted within the limit.)
     pub(super) fn learn(&self, hits: &[Hit], outcomes: &[Outcome], nows: &[Option<Micros>]) {
         let mut returns = Vec::new();
         {
@@ -224,7 +224,7 @@ impl Leased {
                     continue;
                 }
                 followed.unleased = Some((window_of(hit, now).0, outcome.remaining));
-                if outcome.allowed {
+                if outcome.allowed || hit.charge != Charge::Always {
                     continue;
                 }
                 followed.denied = *calls;

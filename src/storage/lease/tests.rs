@@ -460,9 +460,11 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
     let mut admitted = Vec::new();
     let mut pending = Vec::new();
     let resets = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    // The hits admitted and not given back yet, which a client may give back (a fixed
-    // window's: a bucket's refund goes to the store, as any other call).
-    let givable: Arc<Mutex<Vec<Hit>>> = Arc::default();
+    // The hits admitted and not given back yet, with the window and reset they were admitted
+    // in, which a client may give back (a fixed window's: a bucket's refund goes to the
+    // store, as any other call). Only within that window and reset: a refund into another
+    // makes room only as far as that window counted, which the bound could not tell.
+    let givable: Arc<Mutex<Vec<(Hit, u64, u64)>>> = Arc::default();
     for &step in steps {
         match step {
             Step::GiveBack { replica, pick } => {
@@ -485,6 +487,10 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
                     }
                     let now = clock.now();
                     let epoch = resets.load(std::sync::atomic::Ordering::Relaxed);
+                    let (hit, window, admitted_in) = hit;
+                    if (window, admitted_in) != (now / WINDOW, epoch) {
+                        return Vec::new();
+                    }
                     let refund = [Hit {
                         role: Role::Refund,
                         descriptor: 0,
@@ -527,7 +533,9 @@ async fn run(steps: &[Step], seed: u64, algorithm: Algorithm) -> Vec<Admitted> {
                             "all or nothing: {outcomes:?}"
                         );
                         if allowed {
-                            givable.lock().unwrap().extend(request.iter().cloned());
+                            let admitted =
+                                request.iter().map(|hit| (hit.clone(), now / WINDOW, epoch));
+                            givable.lock().unwrap().extend(admitted);
                         }
                         request
                             .iter()

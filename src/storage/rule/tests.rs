@@ -106,8 +106,9 @@ fn a_veto_keeps_a_usage_charge_that_an_earlier_hit_named_on_the_same_counter() {
     ];
     let decided = decide(&hits, &[None, None, None], NOW, true);
     assert!(!decided.committed);
-    // Kept alone, the usage finds the counter empty: it fits, and leaves 2.
-    assert_eq!(summary(&decided), [(true, 3), (true, 1), (false, 1)]);
+    // Kept alone, the usage finds the counter empty and leaves 2; it keeps the denial the
+    // veto (and the answer's overall code) went by, with the room it found then.
+    assert_eq!(summary(&decided), [(true, 3), (false, 1), (false, 1)]);
     assert_eq!(counts(&decided), [None, Some(2), None]);
 }
 

@@ -77,6 +77,9 @@ pub fn role_code(role: Role) -> i64 {
 /// A hit's role, with `ALWAYS` (rule.lua) added for a charge that counts whether admitted or
 /// not: how the layouts that carry hits of either charge (Apply) send both.
 pub fn role_and_charge(hit: &Hit) -> i64 {
+    // The limiter never makes a refund count whatever its fate; Lua would read one as a
+    // charge.
+    debug_assert!(hit.role != Role::Refund || hit.charge == Charge::IfAllowed);
     let always = match hit.charge {
         Charge::IfAllowed => 0,
         Charge::Always => 4,

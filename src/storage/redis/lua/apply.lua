@@ -182,7 +182,10 @@ local function apply(keys, argv)
         else
           new_state, ok, remaining, reset_after, retry_after = refund_in_ticks(h, at, before, now)
         end
-        record(out, i, ok, remaining, reset_after, retry_after, nil)
+        -- A hit denied at first keeps its denial, which the veto went by.
+        if allowed[i] then
+          record(out, i, ok, remaining, reset_after, retry_after, nil)
+        end
         if new_state then
           kept[i], wrote[i] = new_state, reset_after
         end

@@ -8,8 +8,6 @@ function concurrency.decide(state, now, limit, window, _, hits, _)
   return sliding_log.decide(state, now, limit, window, 0, hits, false)
 end
 
-concurrency.give_back = sliding_log.give_back
-
 -- The `count` oldest live holds leave `state` (flat: at, hits, at, hits, …, oldest first):
 -- the expired ones go first, released already.
 function concurrency.refund(state, now, _, window, _, count)
@@ -32,6 +30,18 @@ function concurrency.refund(state, now, _, window, _, count)
   for j = 1, #state do
     state[j] = kept[j]
   end
+end
+
+-- A vetoed request's holds go back from those logged at its instant, else (its take was
+-- logged later than the call's instant) as a refund's do (concurrency.rs, `give_back`).
+function concurrency.give_back(state, at, limit, window, parameter, count)
+  for j = 1, #state - 1, 2 do
+    if state[j] == at then
+      sliding_log.give_back(state, at, limit, window, parameter, count)
+      return
+    end
+  end
+  concurrency.refund(state, at, limit, window, parameter, count)
 end
 
 ALGORITHMS[7] = concurrency

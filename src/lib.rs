@@ -19,17 +19,20 @@
 //!
 //! - `reference_env` (`reference_env/variables.rs`: every variable and what it becomes;
 //!   `reference_env/reader.rs` reads them, `reference_env/redis_vars.rs` those of Redis,
-//!   `reference_env/xds_vars.rs` those of the xDS source;
+//!   `reference_env/xds_vars.rs` those of the xDS source, `reference_env/prometheus_vars.rs`
+//!   those of Prometheus;
 //!   `reference_env/translation.rs` what that yields):
 //!   envoyproxy/ratelimit's environment turned into `serve`'s flags.
 //! - `cli` (`cli/serve.rs`: `serve`'s flags, each part's options struct flattened,
 //!   `cli/xds_args.rs` those of the xDS source; `cli/commands.rs` what each command does):
 //!   the command line (`serve`, `check`, `query`, `bench`, `bench-rlqs`, `health`, `reset`,
 //!   and the hidden `bench-calls`); `main.rs` parses it.
-//! - `server`: listeners, health probe, reload task, graceful shutdown (`server/grpc.rs`: the
-//!   gRPC routes and transport; `server/http.rs`: the HTTP listeners).
+//! - `server`: health probe, reload task, graceful shutdown (`server/listeners.rs`: the
+//!   addresses and their sockets; `server/grpc.rs`: the gRPC routes and transport;
+//!   `server/http.rs`: the HTTP listeners).
 //! - `admin` (`admin/json.rs`: the reference's `/json` form; `admin/writes.rs`: who may
-//!   change state): the HTTP endpoints; `query`:
+//!   change state; `admin/describe.rs`: the rules as text; `admin/debug.rs`: the
+//!   reference's debug listener): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
 //!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/requests.rs`: the requests
 //!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC port, `bench/raw_h2.rs` the

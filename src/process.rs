@@ -1,6 +1,7 @@
 //! The process's own metrics under the names every Prometheus client library uses
-//! (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_open_fds`,
-//! `process_max_fds`, `process_start_time_seconds`), read from /proc at each scrape. On a
+//! (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+//! `process_virtual_memory_bytes`, `process_open_fds`, `process_max_fds`,
+//! `process_start_time_seconds`), read from /proc at each scrape. On a
 //! system without /proc the collector reports nothing rather than zeros.
 
 use prometheus_client::collector::Collector;
@@ -20,6 +21,7 @@ pub struct ProcessCollector;
 struct Sample {
     cpu_seconds: f64,
     resident_bytes: u64,
+    virtual_bytes: u64,
     open_fds: u64,
     max_fds: Option<u64>,
     start_time_seconds: Option<f64>,
@@ -42,6 +44,11 @@ impl Collector for ProcessCollector {
                 "process_resident_memory_bytes",
                 "Resident memory size, in bytes",
                 Some(sample.resident_bytes as f64),
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size, in bytes",
+                Some(sample.virtual_bytes as f64),
             ),
             (
                 "process_open_fds",
@@ -91,17 +98,21 @@ fn sample() -> Option<Sample> {
     Some(sample)
 }
 
-/// utime and stime from /proc/self/stat, and the resident pages from /proc/self/statm.
+/// utime and stime from /proc/self/stat, and the virtual and resident pages from
+/// /proc/self/statm.
 fn parse(stat: &str, statm: &str) -> Option<Sample> {
     // Fields after the command name, which is in parentheses and may contain spaces.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks = |index: usize| fields.get(index)?.parse::<u64>().ok();
     // Counted from the state field (the 3rd of the line): utime is the 14th, stime the 15th.
     let cpu_ticks = ticks(11)? + ticks(12)?;
-    let resident_pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let mut pages = statm.split_whitespace();
+    let virtual_pages: u64 = pages.next()?.parse().ok()?;
+    let resident_pages: u64 = pages.next()?.parse().ok()?;
     Some(Sample {
         cpu_seconds: cpu_ticks as f64 / TICKS_PER_SECOND,
         resident_bytes: resident_pages * PAGE_BYTES,
+        virtual_bytes: virtual_pages * PAGE_BYTES,
         ..Sample::default()
     })
 }
@@ -146,6 +157,7 @@ mod tests {
         let sample = parse(stat, "5000 300 200 1 0 400 0").unwrap();
         assert_eq!(sample.cpu_seconds, 3.25);
         assert_eq!(sample.resident_bytes, 300 * 4096);
+        assert_eq!(sample.virtual_bytes, 5000 * 4096);
         assert_eq!(start_ticks(stat), Some(123_456));
         assert_eq!(
             boot_time("cpu 1 2 3\nbtime 1795000000\n"),

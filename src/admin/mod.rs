@@ -5,6 +5,8 @@
 //! active rules, one line per limit), and tollgate's own `POST /reset` (an operator's reset
 //! of the counters a request names). `writes.rs` guards the two that change state.
 
+pub mod debug;
+pub mod describe;
 pub mod json;
 pub mod writes;
 
@@ -18,16 +20,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::algorithm::Algorithm;
 use crate::health::Health;
-use crate::limit::Limit;
 use crate::limiter::RateLimiter;
 use crate::metrics::Metrics;
 use crate::reload::ReloadStatus;
 use crate::rlqs::registry::Registry;
-use crate::rules::{Level, Policy, RuleSet};
 use crate::service::{self, RlsService};
-use crate::storage::lease::leased_when_busy;
 
 #[derive(Clone)]
 struct Admin {
@@ -194,7 +192,10 @@ async fn reset_counters(State(admin): State<Admin>, body: Bytes) -> Response {
 /// The rules in force, then, if the latest reload failed, its errors (the rules shown are
 /// the last good ones).
 async fn config(State(admin): State<Admin>) -> String {
-    let mut out = describe(&admin.limiter.rules(), admin.limiter.leasing());
+    let form = describe::Form::Tollgate {
+        leasing: admin.limiter.leasing(),
+    };
+    let mut out = describe::describe(&admin.limiter.rules(), form);
     if let Some(source) = admin.reload.source() {
         let _ = write!(out, "\nsource: {source}\n");
     }
@@ -209,61 +210,4 @@ async fn config(State(admin): State<Admin>) -> String {
         );
     }
     out
-}
-
-/// One line per rule with a limit, in the reference's `/rlconfig` form:
-/// `<path>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <b>, quota_mode: <b>`; a limit
-/// leased while busy says `lease=auto` (`leasing`: see `RateLimiter::leasing`).
-pub fn describe(rules: &RuleSet, leasing: Option<bool>) -> String {
-    let mut out = String::new();
-    for domain in rules.domains() {
-        describe_level(&domain.root, leasing, &mut out);
-    }
-    out
-}
-
-/// `unit=MINUTE requests_per_unit=5`, then tollgate's extensions where they differ from the
-/// reference's defaults.
-fn describe_limit(limit: &Limit, leasing: Option<bool>) -> String {
-    let mut out = format!(
-        "unit={} requests_per_unit={}",
-        limit.unit.as_str().to_uppercase(),
-        limit.requests_per_unit
-    );
-    if limit.unit_multiplier != 1 {
-        let _ = write!(out, " unit_multiplier={}", limit.unit_multiplier);
-    }
-    // The reference's default counting needs no mention; anything else names itself.
-    if limit.algorithm != Algorithm::default() {
-        let _ = write!(out, " algorithm={}", limit.algorithm);
-    }
-    if leasing.is_some_and(|by_default| leased_when_busy(limit.lease, &limit.params(), by_default))
-    {
-        out.push_str(" lease=auto");
-    }
-    if let Some(charges) = limit.charges.name() {
-        let _ = write!(out, " charges={charges}");
-    }
-    out
-}
-
-fn describe_level(level: &Level, leasing: Option<bool>, out: &mut String) {
-    for node in level.nodes() {
-        if let Some(rule) = &node.rule {
-            let limit = match &rule.policy {
-                Policy::Limited(limits) => limits
-                    .iter()
-                    .map(|limit| describe_limit(limit, leasing))
-                    .collect::<Vec<_>>()
-                    .join(" + "),
-                Policy::Unlimited { .. } => "unlimited".to_owned(),
-            };
-            let _ = writeln!(
-                out,
-                "{}: {limit}, shadow_mode: {}, quota_mode: {}",
-                rule.path, rule.shadow_mode, rule.quota_mode
-            );
-        }
-        describe_level(&node.children, leasing, out);
-    }
 }

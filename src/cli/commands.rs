@@ -67,6 +67,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             .with_metrics(addr, args.metrics.metrics_path.clone())
             .await?;
     }
+    if let Some(addr) = listen.debug_addr {
+        listeners = listeners.with_debug(addr).await?;
+    }
     let grpc = match &listen.grpc_uds {
         Some(path) => path.display().to_string(),
         None => listen.grpc_addr.to_string(),

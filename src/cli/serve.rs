@@ -117,7 +117,10 @@ impl ServeArgs {
                     self.metrics.near_limit_ratio,
                     self.metrics.metrics_max_detailed,
                 )
-                .with_reference_series(self.metrics.reference_series),
+                .with_reference_series(
+                    self.metrics.reference_series,
+                    self.metrics.reference_response_time,
+                ),
             ),
             ..Options::default()
         }

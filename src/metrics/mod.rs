@@ -58,6 +58,12 @@ pub struct MetricsOptions {
     /// built on the reference (docs/migrating.md). Set by USE_PROMETHEUS in reference mode.
     #[arg(long = "metrics-reference-series", env = "TOLLGATE_METRICS_REFERENCE_SERIES", value_parser = clap::builder::BoolishValueParser::new())]
     pub reference_series: bool,
+
+    /// The unit of the reference's `ratelimit_service_response_time_seconds` series: seconds,
+    /// as its default mapping scales them, or the milliseconds its timer records (a mapping
+    /// without that scale, as Envoy Gateway's; PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS).
+    #[arg(long = "metrics-reference-response-time", env = "TOLLGATE_METRICS_REFERENCE_RESPONSE_TIME", value_enum, default_value_t = reference::TimeUnit::Seconds)]
+    pub reference_response_time: reference::TimeUnit,
 }
 
 impl Default for MetricsOptions {
@@ -147,13 +153,23 @@ impl Metrics {
             out.truncate(out.len() - "# EOF\n".len());
             let reference = reference::prometheus(&out);
             out.push_str(&reference);
+            if let Some(time) = self.service.reference_time.get() {
+                out.push_str(&time.render());
+            }
             out.push_str("# EOF\n");
         }
         out
     }
 
-    /// These metrics, their exposition also carrying the reference's series when `on`.
-    pub fn with_reference_series(self, on: bool) -> Self {
+    /// These metrics, their exposition also carrying the reference's series when `on`, its
+    /// response time in `unit`.
+    pub fn with_reference_series(self, on: bool, unit: reference::TimeUnit) -> Self {
+        if on {
+            let _ = self
+                .service
+                .reference_time
+                .set(reference::ResponseTime::new(unit));
+        }
         Self {
             reference_series: on,
             ..self

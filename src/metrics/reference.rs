@@ -13,6 +13,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::time::Duration;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use super::counters::{Labels as SeriesLabels, label};
 
 /// The counters kept per limit, by their last name component.
 const PER_LIMIT: [&str; 6] = [
@@ -45,6 +53,69 @@ pub fn stat_totals(exposition: &str) -> BTreeMap<String, u64> {
         *totals.entry(stat).or_default() += value as u64;
     }
     totals
+}
+
+/// The unit the reference's `ratelimit_service_response_time_seconds` is observed in: its
+/// default mapping scales its timer's milliseconds to seconds; a mapping without that scale
+/// (Envoy Gateway's) or `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` keeps milliseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TimeUnit {
+    #[default]
+    Seconds,
+    Milliseconds,
+}
+
+/// The reference's `ratelimit_service_response_time_seconds{grpc_method="ShouldRateLimit"}`:
+/// each call's time, as its statsd_exporter mapping makes the timer a histogram (the client
+/// library's default buckets, 5 ms to 10 s, whatever the unit).
+pub struct ResponseTime {
+    registry: Registry,
+    histogram: Histogram,
+    unit: TimeUnit,
+}
+
+/// The buckets a statsd_exporter mapping without its own gives a histogram (Prometheus's
+/// client libraries' defaults).
+const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+impl ResponseTime {
+    pub fn new(unit: TimeUnit) -> Self {
+        let family = Family::<SeriesLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(DEFAULT_BUCKETS)) as fn() -> Histogram,
+        );
+        let histogram = family
+            .get_or_create(&label("grpc_method", "ShouldRateLimit"))
+            .clone();
+        let mut registry = Registry::default();
+        registry.register(
+            "ratelimit_service_response_time_seconds",
+            "ShouldRateLimit call time, as envoyproxy/ratelimit's Prometheus sink exports it",
+            family,
+        );
+        Self {
+            registry,
+            histogram,
+            unit,
+        }
+    }
+
+    pub fn observe(&self, took: Duration) {
+        let value = match self.unit {
+            TimeUnit::Seconds => took.as_secs_f64(),
+            TimeUnit::Milliseconds => took.as_secs_f64() * 1000.0,
+        };
+        self.histogram.observe(value);
+    }
+
+    /// Its OpenMetrics family, without the exposition's end.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out.strip_suffix("# EOF\n").unwrap_or(&out).to_owned()
+    }
 }
 
 /// The reference's Prometheus series for the same totals, as OpenMetrics families (type
@@ -83,16 +154,12 @@ fn series(stat: &str) -> (String, String) {
         match parts.as_slice() {
             // The glob `ratelimit.service.rate_limit.*.*.COUNTER`.
             [domain, key1] => return labelled(&name, &[("domain", domain), ("key1", key1)]),
-            // The regex `…rate_limit\.(.*)\.(.*)\.(.*)(\..*)\.COUNTER`: four parts or more,
-            // the first group greedy, so a deeper path's extra parts go to the domain.
-            [.., key1, key2, _] if parts.len() >= 4 => {
-                let domain = parts[..parts.len() - 3].join(".");
-                return labelled(
-                    &name,
-                    &[("domain", &domain), ("key1", key1), ("key2", key2)],
-                );
+            // The regex `…rate_limit\.([^\.]*)\.([^\.]*)\.([^\.]*)(\..*)?\.COUNTER`: three
+            // parts or more, the first three as labels, the rest dropped.
+            [domain, key1, key2, ..] => {
+                return labelled(&name, &[("domain", domain), ("key1", key1), ("key2", key2)]);
             }
-            // Three parts match no rule: the name is escaped as it is.
+            // One part matches no rule: the name is escaped as it is.
             _ => return (escape_name(stat), String::new()),
         }
     }
@@ -156,10 +223,13 @@ fn stat_name(metric: &str, labels: &Labels) -> Option<String> {
     })
 }
 
-/// A statsd name holds no `:`, `|`, `@` or `#` (they delimit the line); as the reference,
-/// they become `_`.
+/// A stat name as the reference makes it (its `SanitizeStatName`): `:` and `|` become `_`,
+/// and so do the dots of an IPv4 address (a client address, a CIDR), so that its parts are
+/// not read as parts of the path. `@`, `#` and line breaks become `_` too: a statsd line
+/// cannot hold them.
 fn sanitize(path: &str) -> String {
-    path.chars()
+    let replaced: String = path
+        .chars()
         .map(|c| {
             if matches!(c, ':' | '|' | '@' | '#' | '\n') {
                 '_'
@@ -167,7 +237,47 @@ fn sanitize(path: &str) -> String {
                 c
             }
         })
-        .collect()
+        .collect();
+    let mut bytes = replaced.into_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match dotted_quad(&bytes[at..]) {
+            Some(length) => {
+                for byte in &mut bytes[at..at + length] {
+                    if *byte == b'.' {
+                        *byte = b'_';
+                    }
+                }
+                at += length;
+            }
+            None => at += 1,
+        }
+    }
+    // Only ASCII dots were replaced by ASCII underscores.
+    String::from_utf8(bytes).unwrap_or_default()
+}
+
+/// The length of the IPv4-like address at the start of `text`, as the reference's regular
+/// expression `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` matches it (each group as long as it
+/// can be, then shorter).
+fn dotted_quad(text: &[u8]) -> Option<usize> {
+    fn groups(text: &[u8], left: usize) -> Option<usize> {
+        for digits in (1..=3).rev() {
+            if text.len() < digits || !text[..digits].iter().all(u8::is_ascii_digit) {
+                continue;
+            }
+            if left == 1 {
+                return Some(digits);
+            }
+            if text.get(digits) == Some(&b'.')
+                && let Some(rest) = groups(&text[digits + 1..], left - 1)
+            {
+                return Some(digits + 1 + rest);
+            }
+        }
+        None
+    }
+    groups(text, 4)
 }
 
 /// A series' labels, unescaped.
@@ -242,18 +352,22 @@ mod tests {
             series("ratelimit.service.rate_limit.edge.user_alice.near_limit"),
             "ratelimit_service_rate_limit_near_limit{domain=\"edge\",key1=\"user_alice\"}"
         );
-        // Three parts: no rule matches, the name is escaped.
+        // The reference's own sink test: three parts or more, the first three.
         assert_eq!(
-            series("ratelimit.service.rate_limit.edge.route_a.user.total_hits"),
-            "ratelimit_service_rate_limit_edge_route_a_user_total_hits"
+            series("ratelimit.service.rate_limit.domain1.key1_val1.over_limit"),
+            "ratelimit_service_rate_limit_over_limit{domain=\"domain1\",key1=\"key1_val1\"}"
         );
         assert_eq!(
-            series("ratelimit.service.rate_limit.edge.a.b.c.total_hits"),
-            "ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"a\",key2=\"b\"}"
+            series("ratelimit.service.rate_limit.domain1.key1_val1.key2_val2.over_limit"),
+            "ratelimit_service_rate_limit_over_limit{domain=\"domain1\",key1=\"key1_val1\",key2=\"key2_val2\"}"
         );
         assert_eq!(
-            series("ratelimit.service.rate_limit.edge.x.a.b.c.over_limit"),
-            "ratelimit_service_rate_limit_over_limit{domain=\"edge.x\",key1=\"a\",key2=\"b\"}"
+            series("ratelimit.service.rate_limit.domain1.key3_val3.key4_val4.key5_val5.over_limit"),
+            "ratelimit_service_rate_limit_over_limit{domain=\"domain1\",key1=\"key3_val3\",key2=\"key4_val4\"}"
+        );
+        assert_eq!(
+            series("ratelimit.service.rate_limit.mongo_cps.database_users.total_hits"),
+            "ratelimit_service_rate_limit_total_hits{domain=\"mongo_cps\",key1=\"database_users\"}"
         );
         assert_eq!(
             series("ratelimit.service.call.should_rate_limit.redis_error"),
@@ -266,6 +380,35 @@ mod tests {
         assert_eq!(
             series("ratelimit.service.config_load_success"),
             "ratelimit_service_config_load_success"
+        );
+    }
+
+    #[test]
+    fn addresses_in_a_path_are_sanitized_as_the_reference_does() {
+        assert_eq!(
+            sanitize("first-listener.first-route_first-route.masked_remote_address_192.168.0.0/16"),
+            "first-listener.first-route_first-route.masked_remote_address_192_168_0_0/16"
+        );
+        assert_eq!(
+            sanitize("gw.route.masked_remote_address_2001:db8::/32"),
+            "gw.route.masked_remote_address_2001_db8__/32"
+        );
+        assert_eq!(
+            sanitize("d.remote_address_10.1.2.3"),
+            "d.remote_address_10_1_2_3"
+        );
+        // The reference's expression, leftmost and each group as long as it can be: the
+        // first address from 234, then no other whole one.
+        assert_eq!(sanitize("d.v_1234.5.6.7.8.9"), "d.v_1234_5_6_7.8.9");
+        assert_eq!(sanitize("d.v_1.2.3"), "d.v_1.2.3");
+        assert_eq!(sanitize("d.k:v|x"), "d.k_v_x");
+        // Envoy Gateway's CIDR rule: its series as its dashboard and e2e queries read it.
+        let path =
+            sanitize("first-listener.first-route_first-route.masked_remote_address_0.0.0.0/0");
+        let (name, labels) = super::series(&format!("{RATE_LIMIT}{path}.total_hits"));
+        assert_eq!(
+            format!("{name}{labels}"),
+            "ratelimit_service_rate_limit_total_hits{domain=\"first-listener\",key1=\"first-route_first-route\",key2=\"masked_remote_address_0_0_0_0/0\"}"
         );
     }
 }

@@ -9,6 +9,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use super::counters::{Labels, grpc_code, label};
+use super::reference::ResponseTime;
 
 pub struct ServiceMetrics {
     requests: Family<Labels, Counter>,
@@ -19,6 +20,9 @@ pub struct ServiceMetrics {
     decisions_ok: Counter,
     decisions_over: Counter,
     decision_seconds: Histogram,
+    /// The reference's response time series, when its series are served
+    /// (`--metrics-reference-series`).
+    pub(super) reference_time: std::sync::OnceLock<ResponseTime>,
 }
 
 impl Default for ServiceMetrics {
@@ -41,6 +45,7 @@ impl Default for ServiceMetrics {
             decisions,
             // 10 µs to ~5 s.
             decision_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            reference_time: std::sync::OnceLock::new(),
         }
     }
 }
@@ -95,5 +100,8 @@ impl ServiceMetrics {
 
     pub fn observe_decision(&self, took: Duration) {
         self.decision_seconds.observe(took.as_secs_f64());
+        if let Some(reference) = self.reference_time.get() {
+            reference.observe(took);
+        }
     }
 }

@@ -10,6 +10,7 @@
 //! startup with a message naming the variable; a variable that tuned the reference's
 //! internals is logged once as ignored.
 
+mod prometheus_vars;
 mod reader;
 mod redis_vars;
 mod translation;

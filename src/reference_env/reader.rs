@@ -62,6 +62,13 @@ impl Reader<'_> {
     pub fn listeners(&mut self) -> Result<(), EnvError> {
         let http = address(&self.text("HOST"), &self.text("PORT"), "HOST", "PORT")?;
         self.flag("--http-addr", http, "PORT");
+        let debug = address(
+            &self.text("DEBUG_HOST"),
+            &self.text("DEBUG_PORT"),
+            "DEBUG_HOST",
+            "DEBUG_PORT",
+        )?;
+        self.flag("--debug-addr", debug, "DEBUG_PORT");
         let grpc = address(
             &self.text("GRPC_HOST"),
             &self.text("GRPC_PORT"),
@@ -315,17 +322,7 @@ impl Reader<'_> {
                 self.flag("--statsd-tag", format!("{key}={value}"), "EXTRA_TAGS");
             }
         }
-        if self.switch("USE_PROMETHEUS")? {
-            let addr = self.text("PROMETHEUS_ADDR");
-            let (host, port) = addr.rsplit_once(':').unwrap_or(("", addr.as_str()));
-            let host = if host.is_empty() { "0.0.0.0" } else { host };
-            let addr = address(host, port, "PROMETHEUS_ADDR", "PROMETHEUS_ADDR")?;
-            self.flag("--metrics-addr", addr, "PROMETHEUS_ADDR");
-            let path = self.text("PROMETHEUS_PATH");
-            self.flag("--metrics-path", path, "PROMETHEUS_PATH");
-            self.out.args.push("--metrics-reference-series".into());
-        }
-        Ok(())
+        self.prometheus()
     }
 
     pub fn tracing(&mut self) -> Result<(), EnvError> {
@@ -359,7 +356,7 @@ impl Reader<'_> {
 
 /// `host:port` as a listen address; a name is resolved now, so that a bad one is reported
 /// with its variable.
-fn address(
+pub(super) fn address(
     host: &str,
     port: &str,
     host_variable: &str,

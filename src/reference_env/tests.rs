@@ -564,3 +564,53 @@ fn connections_age_and_upstream_headers_as_the_reference_sets_them() {
         ["RateLimit-Limit", "X-Left", "RateLimit-Reset"]
     );
 }
+
+#[test]
+fn the_response_time_unit_follows_the_mapping_file_as_the_reference_reads_it() {
+    use crate::metrics::reference::TimeUnit;
+    let unit = |pairs: &[(&str, &str)]| {
+        let mut all = vec![("USE_PROMETHEUS", "true")];
+        all.extend_from_slice(pairs);
+        serve(&all).metrics.reference_response_time
+    };
+    assert_eq!(unit(&[]), TimeUnit::Seconds);
+    assert_eq!(
+        unit(&[("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true")]),
+        TimeUnit::Milliseconds
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, scale: &str| {
+        let path = dir.path().join(name);
+        let text = format!(
+            "mappings:\n  - match: \"ratelimit.service.config_load_success\"\n    name: \"ratelimit_service_config_load_success\"\n    match_metric_type: counter\n  - match: \"ratelimit_server.*.response_time\"\n    name: \"ratelimit_service_response_time_seconds\"\n    timer_type: histogram\n{scale}    labels:\n      grpc_method: \"$1\"\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    // A mapping without the scale (as Envoy Gateway mounts it) keeps milliseconds, whatever
+    // PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS says; with it, seconds.
+    let unscaled = write("unscaled.yaml", "");
+    let scaled = write("scaled.yaml", "    scale: 0.001\n");
+    assert_eq!(
+        unit(&[("PROMETHEUS_MAPPER_YAML", &unscaled)]),
+        TimeUnit::Milliseconds
+    );
+    assert_eq!(
+        unit(&[
+            ("PROMETHEUS_MAPPER_YAML", &scaled),
+            ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true")
+        ]),
+        TimeUnit::Seconds
+    );
+    let missing = dir.path().join("missing.yaml").display().to_string();
+    let error = translate(&env(&[
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_MAPPER_YAML", &missing),
+    ]))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.starts_with("PROMETHEUS_MAPPER_YAML: cannot read"),
+        "{error}"
+    );
+}

@@ -48,15 +48,15 @@ pub const VARIABLES: &[Variable] = &[
     // Listeners and server.
     honoured("HOST", "0.0.0.0", "--http-addr HOST:PORT"),
     honoured("PORT", "8080", "--http-addr HOST:PORT"),
-    ignored(
+    honoured(
         "DEBUG_HOST",
         "0.0.0.0",
-        "no debug listener: /config (the rules served) and /metrics are on HOST:PORT",
+        "--debug-addr DEBUG_HOST:DEBUG_PORT (/rlconfig, /stats)",
     ),
-    ignored(
+    honoured(
         "DEBUG_PORT",
         "6070",
-        "no debug listener: /config (the rules served) and /metrics are on HOST:PORT",
+        "--debug-addr DEBUG_HOST:DEBUG_PORT (/rlconfig, /stats)",
     ),
     honoured("GRPC_HOST", "0.0.0.0", "--grpc-addr GRPC_HOST:GRPC_PORT"),
     honoured("GRPC_PORT", "8081", "--grpc-addr GRPC_HOST:GRPC_PORT"),
@@ -357,15 +357,15 @@ pub const VARIABLES: &[Variable] = &[
     ),
     honoured("PROMETHEUS_ADDR", ":9090", "--metrics-addr"),
     honoured("PROMETHEUS_PATH", "/metrics", "--metrics-path"),
-    ignored(
+    honoured(
         "PROMETHEUS_MAPPER_YAML",
         "",
-        "tollgate exports its own metric names (docs/migrating.md maps them)",
+        "--metrics-reference-response-time: its response_time mapping's scale (none: milliseconds); the reference's series otherwise follow the reference's default mapping",
     ),
-    ignored(
+    honoured(
         "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
         "false",
-        "durations are in seconds, as Prometheus recommends",
+        "--metrics-reference-response-time milliseconds (without PROMETHEUS_MAPPER_YAML)",
     ),
     honoured("EXTRA_TAGS", "", "--statsd-tag"),
     honoured("STATS_FLUSH_INTERVAL", "10s", "--statsd-flush-interval"),

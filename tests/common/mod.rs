@@ -819,6 +819,9 @@ pub fn spawn_reference_with(
         .env("PORT", http.to_string())
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
+        // The reference's debug listener (6070 by default) on any free port.
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", "0")
         .env("RUNTIME_ROOT", root)
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")
         .envs(env.iter().map(|(name, value)| (name, value)))

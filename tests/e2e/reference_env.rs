@@ -55,6 +55,8 @@ async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> Child
         .env("PORT", http.to_string())
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
+        .env("DEBUG_HOST", "127.0.0.1")
+        .env("DEBUG_PORT", "0")
         .envs(env.iter().map(|(name, value)| (name, value)))
         .stdout(Stdio::null())
         .stderr(log)

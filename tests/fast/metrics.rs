@@ -191,6 +191,7 @@ async fn build_process_and_config_load_metrics_are_exported() {
     assert!(now - 600.0 < loaded && loaded <= now, "{loaded}");
     // The test process's own figures, under the standard names.
     assert!(value("process_resident_memory_bytes") > 1_000_000.0);
+    assert!(value("process_virtual_memory_bytes") > value("process_resident_memory_bytes"));
     assert!(value("process_open_fds") >= 3.0);
     let cpu = value("process_cpu_seconds_total");
     assert!(

@@ -181,9 +181,10 @@ async fn use_prometheus_serves_the_reference_series_beside_tollgate_s() {
     .await;
     let scrape = std::net::SocketAddr::from(([127, 0, 0, 1], metrics_port));
     let text = http(scrape, "GET", "/metrics", "").await.1;
+    let time = "ratelimit_service_response_time_seconds";
     let series: BTreeMap<&str, u64> = text
         .lines()
-        .filter(|line| line.starts_with("ratelimit_"))
+        .filter(|line| line.starts_with("ratelimit_") && !line.starts_with(time))
         .filter_map(|line| line.rsplit_once(' '))
         .map(|(series, value)| (series, value.parse().unwrap()))
         .collect();
@@ -216,6 +217,23 @@ async fn use_prometheus_serves_the_reference_series_beside_tollgate_s() {
     let series: BTreeMap<String, u64> =
         series.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     assert_eq!(series, expected, "{text}");
+    // The response time, as the reference's histogram of its default buckets: every call
+    // under 10 s, in seconds (its default mapping).
+    for (series, value) in [
+        (
+            format!("{time}_count{{grpc_method=\"ShouldRateLimit\"}}"),
+            "7",
+        ),
+        (
+            format!("{time}_bucket{{le=\"10.0\",grpc_method=\"ShouldRateLimit\"}}"),
+            "7",
+        ),
+    ] {
+        assert!(
+            text.lines().any(|line| line == format!("{series} {value}")),
+            "{series} {value} in:\n{text}"
+        );
+    }
     // tollgate's own series are still there, and the exposition is still one OpenMetrics text.
     assert!(text.contains("\ntollgate_requests_total{"), "{text}");
     assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
@@ -224,5 +242,69 @@ async fn use_prometheus_serves_the_reference_series_beside_tollgate_s() {
     assert!(
         admin_text
             .contains("ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"user\"} 4")
+    );
+}
+
+/// Envoy Gateway's generated rules, as `egctl config ratelimit` reads them from the debug
+/// listener: `/rlconfig` in the reference's form, byte for byte (the reference lists them in
+/// its maps' order, which Go shuffles; tollgate in its rule tree's, values before keys).
+const GATEWAY_RULES: &str = "domain: default/eg/http
+descriptors:
+  - key: httproute/default/backend/rule/0/match/0
+    value: httproute/default/backend/rule/0/match/0
+    descriptors:
+      - key: rule-0-match-0
+        rate_limit: {unit: hour, requests_per_unit: 3}
+      - key: masked_remote_address
+        value: 192.168.0.0/16
+        descriptors:
+          - key: remote_address
+            shadow_mode: true
+            rate_limit: {unit: week, requests_per_unit: 10}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_listener_serves_the_rules_as_the_reference_dumps_them() {
+    let root = tempfile::tempdir().unwrap();
+    let config = root.path().join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("gateway.yaml"), GATEWAY_RULES).unwrap();
+    let (grpc, admin_port, debug) = (free_port(), free_port(), free_port());
+    let env = [
+        ("USE_STATSD", "false".to_owned()),
+        ("DEBUG_PORT", debug.to_string()),
+    ];
+    let _process = spawn_reference(root.path(), grpc, admin_port, &env);
+    let admin = std::net::SocketAddr::from(([127, 0, 0, 1], admin_port));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while readyz_status(admin).await != Some(200) {
+        assert!(Instant::now() < deadline, "tollgate never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let debug = std::net::SocketAddr::from(([127, 0, 0, 1], debug));
+    let route = "httproute/default/backend/rule/0/match/0_httproute/default/backend/rule/0/match/0";
+    assert_eq!(
+        http(debug, "GET", "/rlconfig", "").await,
+        (
+            200,
+            format!(
+                "default/eg/http.{route}.masked_remote_address_192.168.0.0/16.remote_address: unit=WEEK requests_per_unit=10, shadow_mode: true, quota_mode: false\n\
+                 default/eg/http.{route}.rule-0-match-0: unit=HOUR requests_per_unit=3, shadow_mode: false, quota_mode: false\n"
+            )
+        )
+    );
+    assert_eq!(
+        http(debug, "GET", "/", "").await,
+        (
+            200,
+            "/rlconfig: print out the currently loaded configuration for debugging\n\
+             /stats: print out stats\n"
+                .to_owned()
+        )
+    );
+    let stats = http(debug, "GET", "/stats", "").await.1;
+    assert!(
+        stats.contains("ratelimit.service.config_load_success: 1\n"),
+        "{stats}"
     );
 }

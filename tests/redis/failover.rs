@@ -158,6 +158,8 @@ async fn a_stalled_redis_is_answered_within_the_store_timeout_though_redis_timeo
             ("PORT", http.to_string()),
             ("GRPC_HOST", "127.0.0.1".to_owned()),
             ("GRPC_PORT", grpc.to_string()),
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", "0".to_owned()),
             ("USE_STATSD", "false".to_owned()),
             ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
             ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),

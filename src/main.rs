@@ -137,6 +137,9 @@ async fn run(cli: Cli, translation: Option<&Translation>) -> anyhow::Result<Exit
         for (variable, why) in &translation.ignored {
             tracing::warn!(variable = %variable, "ignored: {why}");
         }
+        if !translation.ignored_args.is_empty() {
+            tracing::warn!(arguments = ?translation.ignored_args, "ignored: started as ratelimit, which reads only its environment");
+        }
     }
     cli::commands::run(cli.command).await
 }

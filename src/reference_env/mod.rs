@@ -26,8 +26,10 @@ pub use translation::{EnvError, Translation};
 use variables::Treatment;
 
 /// The command line to parse: `args` as given, or, when they ask for the reference's
-/// environment, `tollgate serve`, the flags `vars` translate to, then the flags given (which
-/// win). `None` when they do not ask for it.
+/// environment, `tollgate serve`, the flags `vars` translate to, then the flags given to
+/// `serve --env reference` (which win). Started as `ratelimit`, the arguments are ignored as
+/// the reference ignores them (Envoy AI Gateway's manifests pass one). `None` when they do
+/// not ask for the reference's environment.
 pub fn command_line(
     args: &[OsString],
     vars: impl IntoIterator<Item = (String, String)>,
@@ -38,7 +40,7 @@ pub fn command_line(
         .and_then(|program| Path::new(program).file_name())
         .is_some_and(|name| name == "ratelimit");
     let (given, asked) = if invoked_as_ratelimit {
-        (args.iter().skip(1).cloned().collect(), true)
+        (Vec::new(), true)
     } else if args.get(1).is_some_and(|command| command == "serve") {
         without_env_flag(&args[2..], vars.get("TOLLGATE_ENV").map(String::as_str))
     } else {
@@ -47,7 +49,14 @@ pub fn command_line(
     if !asked {
         return Ok(None);
     }
-    let translation = translate(&vars)?;
+    let mut translation = translate(&vars)?;
+    if invoked_as_ratelimit {
+        translation.ignored_args = args
+            .iter()
+            .skip(1)
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect();
+    }
     let mut line: Vec<OsString> = vec!["tollgate".into(), "serve".into()];
     line.extend(translation.args.iter().map(OsString::from));
     line.extend(given);

@@ -414,10 +414,22 @@ fn stats_and_tracing() {
 fn started_as_ratelimit_or_with_env_reference_and_typed_flags_win() {
     let vars = || env(&[("PORT", "9999")]).into_iter();
     let args = |line: &[&str]| line.iter().map(OsString::from).collect::<Vec<_>>();
-    let (line, _) = command_line(&args(&["/bin/ratelimit"]), vars())
+    let (line, translation) = command_line(&args(&["/bin/ratelimit"]), vars())
         .unwrap()
         .unwrap();
     assert_eq!(line[..2], args(&["tollgate", "serve"])[..]);
+    assert!(translation.ignored_args.is_empty());
+    let (with_args, translation) = command_line(
+        &args(&["/bin/ratelimit", "-config", "x", "--http-addr", "127.0.0.1:1"]),
+        vars(),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(with_args, line, "the reference reads no arguments");
+    assert_eq!(
+        translation.ignored_args,
+        ["-config", "x", "--http-addr", "127.0.0.1:1"]
+    );
     let (line, _) = command_line(
         &args(&[
             "tollgate",

@@ -28,6 +28,9 @@ pub struct Translation {
     pub ignored: Vec<(String, &'static str)>,
     /// Every variable the translation consulted.
     pub read: BTreeSet<String>,
+    /// Arguments `/bin/ratelimit` was started with: the reference reads none, so neither does
+    /// tollgate (to log once).
+    pub ignored_args: Vec<String>,
 }
 
 impl Translation {

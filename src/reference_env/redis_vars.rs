@@ -26,6 +26,11 @@ impl Reader<'_> {
         // --store-timeout as well.
         let timeout = self.text("REDIS_TIMEOUT");
         self.flag("--redis-connect-timeout", timeout, "REDIS_TIMEOUT");
+        // The reference marks Redis healthy at start and, unless asked to, never looks again:
+        // Envoy Gateway probes liveness on /healthcheck, so an outage must not fail it.
+        if !self.switch("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION")? {
+            self.out.args.push("--ready-without-store".into());
+        }
         // Unset, tollgate reconnects on READONLY anyway (the reference does not): only an
         // explicit false turns that off.
         if self.is_set("REDIS_CLOSE_CONNECTION_ON_READONLY_ERROR") {

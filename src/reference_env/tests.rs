@@ -107,6 +107,15 @@ fn the_defaults_are_the_reference_defaults() {
     );
     assert!(args.store.reconnect_on_readonly);
     assert!(
+        args.service.ready_without_store,
+        "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=false: Redis is healthy once and for all"
+    );
+    assert!(
+        !serve(&[("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", "true")])
+            .service
+            .ready_without_store
+    );
+    assert!(
         args.modes.count_denied,
         "the reference counts denied hits by default"
     );
@@ -420,7 +429,13 @@ fn started_as_ratelimit_or_with_env_reference_and_typed_flags_win() {
     assert_eq!(line[..2], args(&["tollgate", "serve"])[..]);
     assert!(translation.ignored_args.is_empty());
     let (with_args, translation) = command_line(
-        &args(&["/bin/ratelimit", "-config", "x", "--http-addr", "127.0.0.1:1"]),
+        &args(&[
+            "/bin/ratelimit",
+            "-config",
+            "x",
+            "--http-addr",
+            "127.0.0.1:1",
+        ]),
         vars(),
     )
     .unwrap()

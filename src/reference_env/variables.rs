@@ -308,10 +308,10 @@ pub const VARIABLES: &[Variable] = &[
         "false",
         "--store rediss://…#insecure",
     ),
-    ignored(
+    honoured(
         "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
         "false",
-        "readiness follows a probe write to the store every second and the calls' own failures (tollgate_store_up)",
+        "false: --ready-without-store (/healthcheck stays 200 through a Redis outage); true: readiness follows the store",
     ),
     ignored("REDIS_STARTUP_INITIAL_INTERVAL", "1s", STARTUP),
     ignored("REDIS_STARTUP_MAX_INTERVAL", "30s", STARTUP),

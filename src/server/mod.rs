@@ -155,7 +155,8 @@ pub async fn run(
         Arc::clone(&options.metrics),
     );
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable;
+    let store_gates_readiness = options.service.on_store_error == OnStoreError::Unavailable
+        && !options.service.ready_without_store;
     let store_up = options.metrics.health.store_up.clone();
     let gauges = (store_up, options.metrics.health.ready.clone());
     let health = Health::new(reporter, store_gates_readiness, gauges)

@@ -27,7 +27,7 @@ use crate::headers;
 use crate::limiter::{Code, Deciding, RateLimiter, Undecided};
 use crate::metrics::Metrics;
 use crate::pb;
-use crate::storage::StoreError;
+use crate::storage::{StoreError, guard};
 use crate::telemetry;
 
 /// `envoy.service.ratelimit.v3.RateLimitService`.
@@ -86,6 +86,7 @@ impl RlsService {
                         if remaining.is_zero() {
                             return Err(Error::DeadlinePassed);
                         }
+                        let decision = guard::for_caller(Some(deadline.at), decision);
                         tokio::time::timeout(remaining, decision)
                             .await
                             .unwrap_or(Err(Undecided::Store(StoreError::Timeout(remaining))))

@@ -49,6 +49,13 @@ pub struct ServiceOptions {
     #[arg(long, env = "TOLLGATE_ON_STORE_ERROR", value_enum, default_value_t = OnStoreError::Unavailable, help_heading = "Responses and load shedding")]
     pub on_store_error: OnStoreError,
 
+    /// With `--on-store-error unavailable`, stay ready while the store does not answer
+    /// (`/readyz` and `tollgate_store_up` still say so): for deployments that probe liveness
+    /// on the readiness endpoint, as Envoy Gateway does, where an outage would otherwise
+    /// restart every replica (the reference's REDIS_HEALTH_CHECK_ACTIVE_CONNECTION=false).
+    #[arg(long, env = "TOLLGATE_READY_WITHOUT_STORE", value_parser = BoolishValueParser::new(), help_heading = "Responses and load shedding")]
+    pub ready_without_store: bool,
+
     /// Rate-limit headers to add to every response with a limit: `off`, `draft03`
     /// (X-RateLimit-*, as Envoy's own), `ietf` (RateLimit-Policy and RateLimit) or `legacy`
     /// (RateLimit-Limit/Remaining/Reset); `Retry-After` on OVER_LIMIT.

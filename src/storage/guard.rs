@@ -1,5 +1,6 @@
 //! Failure behaviour around a remote store (docs/design.md "Failure"): every call has a
-//! deadline, and a circuit breaker fails fast while the store is down instead of making every
+//! deadline (what remains of its caller's, up to `--store-timeout-max`, else
+//! `--store-timeout`), and a circuit breaker fails fast while the store is down instead of making every
 //! request wait for its timeout, letting one trial call through now and then to find it back.
 //! It also times the calls (`store_duration_seconds`): only remote stores are timed, since timing an
 //! in-process call would cost about as much as the call.
@@ -18,9 +19,46 @@ const TRIP_AFTER: u32 = 5;
 /// How long an open breaker fails fast before it lets a trial call through.
 const OPEN_FOR: Duration = Duration::from_millis(500);
 
+tokio::task_local! {
+    /// When the caller of the request being decided stops waiting for its answer. Set by the
+    /// service around a decision (`for_caller`) rather than passed through every store
+    /// layer: only this one reads it.
+    static CALLER_GIVES_UP: tokio::time::Instant;
+}
+
+/// Runs `decision` for a caller that waits until `gives_up`: the store calls it makes may
+/// take what remains of that wait (up to the guard's longest).
+pub async fn for_caller<F: Future>(
+    gives_up: Option<tokio::time::Instant>,
+    decision: F,
+) -> F::Output {
+    match gives_up {
+        Some(at) => CALLER_GIVES_UP.scope(at, decision).await,
+        None => decision.await,
+    }
+}
+
+/// How long one store call may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallBounds {
+    /// For a caller that said nothing of its wait (`--store-timeout`).
+    pub unsaid: Duration,
+    /// The longest, whatever the caller waits (`--store-timeout-max`).
+    pub longest: Duration,
+}
+
+impl CallBounds {
+    /// The bound of a call made now: what remains of its caller's wait, up to the longest.
+    fn now(&self) -> Duration {
+        CALLER_GIVES_UP
+            .try_with(|at| at.saturating_duration_since(tokio::time::Instant::now()))
+            .map_or(self.unsaid, |remaining| remaining.min(self.longest))
+    }
+}
+
 pub struct Guarded {
     inner: Arc<dyn CounterStore>,
-    timeout: Duration,
+    bounds: CallBounds,
     breaker: Mutex<Breaker>,
     /// Whether the breaker has recorded a failure since the last success. While it has not
     /// (the normal case), a call neither reads nor writes the breaker: no lock per call.
@@ -37,10 +75,10 @@ struct Breaker {
 
 impl Guarded {
     /// Guards `inner`, observing each call's duration into `took`.
-    pub fn new(inner: Arc<dyn CounterStore>, timeout: Duration, took: Histogram) -> Self {
+    pub fn new(inner: Arc<dyn CounterStore>, bounds: CallBounds, took: Histogram) -> Self {
         Self {
             inner,
-            timeout,
+            bounds,
             breaker: Mutex::new(Breaker::default()),
             troubled: AtomicBool::new(false),
             took,
@@ -85,9 +123,10 @@ impl Guarded {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
+        let bound = self.bounds.now();
+        match tokio::time::timeout(bound, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(self.timeout)),
+            Err(_) => Err(StoreError::Timeout(bound)),
         }
     }
 }
@@ -107,7 +146,11 @@ impl CounterStore for Guarded {
 
     /// Health probes bypass the breaker: they are how readiness finds the store back.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.within_deadline(self.inner.ping()).await
+        let bound = self.bounds.unsaid;
+        match tokio::time::timeout(bound, self.inner.ping()).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout(bound)),
+        }
     }
 }
 
@@ -143,8 +186,65 @@ mod tests {
         let inner = Arc::new(Flaky::default());
         let took = Histogram::new([0.001]);
         let store: Arc<dyn CounterStore> = inner.clone();
-        let guarded = Guarded::new(store, Duration::from_secs(5), took.clone());
+        let bounds = CallBounds {
+            unsaid: Duration::from_secs(5),
+            longest: Duration::from_secs(5),
+        };
+        let guarded = Guarded::new(store, bounds, took.clone());
         (inner, guarded, took)
+    }
+
+    /// A store whose calls take `delay`.
+    struct Slow {
+        delay: Duration,
+    }
+
+    #[tonic::async_trait]
+    impl CounterStore for Slow {
+        async fn apply(&self, _hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
+            tokio::time::sleep(self.delay).await;
+            Ok(Vec::new())
+        }
+
+        async fn ping(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waits_what_remains_of_its_caller_s_wait_up_to_the_longest() {
+        let bounds = CallBounds {
+            unsaid: Duration::from_millis(50),
+            longest: Duration::from_secs(1),
+        };
+        let store = |delay_ms| {
+            let slow = Arc::new(Slow {
+                delay: Duration::from_millis(delay_ms),
+            });
+            Guarded::new(slow, bounds, Histogram::new([0.001]))
+        };
+        let within = |wait_ms| Some(tokio::time::Instant::now() + Duration::from_millis(wait_ms));
+        let timeout_ms = |result: Result<Vec<Outcome>, StoreError>| match result {
+            Err(StoreError::Timeout(bound)) => Some(bound.as_millis()),
+            _ => None,
+        };
+        // No deadline sent: --store-timeout.
+        let slow = store(200);
+        assert_eq!(timeout_ms(slow.apply(&[]).await), Some(50));
+        // A caller waiting 5 s: a 200 ms call is answered.
+        let answered = for_caller(within(5_000), slow.apply(&[])).await;
+        assert_eq!(answered.map(|outcomes| outcomes.len()).ok(), Some(0));
+        // ...but never longer than --store-timeout-max.
+        let slower = store(2_000);
+        assert_eq!(
+            timeout_ms(for_caller(within(5_000), slower.apply(&[])).await),
+            Some(1_000)
+        );
+        // A caller waiting less than --store-timeout: its wait wins.
+        assert_eq!(
+            timeout_ms(for_caller(within(20), slow.apply(&[])).await),
+            Some(20)
+        );
     }
 
     #[tokio::test]

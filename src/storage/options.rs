@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::builder::{BoolishValueParser, TypedValueParser};
 
+use super::guard::CallBounds;
 use super::redis::call::{SlidingWindowLayout, StateLayout};
 use super::redis::url::{RedisCertificates, RedisSpec, SpecError};
 use crate::clock::Clock;
@@ -77,10 +78,16 @@ pub struct StoreOptions {
     #[arg(long, env = "TOLLGATE_REDIS_TLS_KEY", requires = "redis_tls_cert")]
     pub redis_tls_key: Option<PathBuf>,
 
-    /// Longest wait for one Redis call, redis-rs's own retries included (never longer than
-    /// the client's gRPC deadline; with none, this bounds the call alone).
+    /// Longest wait for one Redis call, redis-rs's own retries included, when the client
+    /// sent no gRPC deadline (a client that sends one gets what remains of it, up to
+    /// --store-timeout-max).
     #[arg(long = "store-timeout", env = "TOLLGATE_STORE_TIMEOUT", default_value = "50ms", value_parser = crate::options::positive_duration)]
     pub timeout: Duration,
+
+    /// Longest wait for one Redis call whatever the client's deadline: a Redis slower than
+    /// this is treated as down (the circuit breaker counts it).
+    #[arg(long = "store-timeout-max", env = "TOLLGATE_STORE_TIMEOUT_MAX", default_value = "1s", value_parser = crate::options::positive_duration)]
+    pub timeout_max: Duration,
 
     /// Longest wait to make a connection to Redis (the reference's REDIS_TIMEOUT); calls are
     /// bounded by --store-timeout.
@@ -229,6 +236,15 @@ pub enum StoreSpecError {
 }
 
 impl StoreOptions {
+    /// How long one call may wait: --store-timeout-max below --store-timeout is read as
+    /// --store-timeout (no caller waits less for having said how long it waits).
+    pub fn call_bounds(&self) -> CallBounds {
+        CallBounds {
+            unsaid: self.timeout,
+            longest: self.timeout_max.max(self.timeout),
+        }
+    }
+
     /// The store the URLs name, with the password and certificate files read.
     pub fn spec(&self) -> Result<StoreSpec, StoreSpecError> {
         let main = match self.url.as_str() {

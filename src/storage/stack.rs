@@ -54,7 +54,7 @@ where
 {
     let guarded: Arc<dyn CounterStore> = Arc::new(guard::Guarded::new(
         Arc::clone(&store) as Arc<dyn CounterStore>,
-        options.timeout,
+        options.call_bounds(),
         metrics.store.seconds.clone(),
     ));
     let deferred = (options.deny_cache_size > 0).then(|| {

@@ -145,15 +145,32 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let sent = Command::new("kill").args([signal, &pid]).status();
-        assert!(
-            sent.is_ok_and(|status| status.success()),
-            "kill {signal} {pid}"
-        );
+    /// Pauses the process now and lets it run again after `how_long`, from a thread the
+    /// caller joins.
+    pub fn pause_for(&self, how_long: Duration) -> std::thread::JoinHandle<()> {
+        self.pause();
+        let pid = self.child.as_ref().expect("running").id();
+        std::thread::spawn(move || {
+            sleep(how_long);
+            signal_pid("-CONT", pid);
+        })
     }
 
+    fn signal(&self, signal: &str) {
+        signal_pid(signal, self.child.as_ref().expect("running").id());
+    }
+}
+
+fn signal_pid(signal: &str, pid: u32) {
+    let pid = pid.to_string();
+    let sent = Command::new("kill").args([signal, &pid]).status();
+    assert!(
+        sent.is_ok_and(|status| status.success()),
+        "kill {signal} {pid}"
+    );
+}
+
+impl RedisServer {
     /// Makes this server a replica of `master` and waits until it holds the master's data.
     pub fn replicate(&self, master: &RedisServer) {
         self.query(&["REPLICAOF", "127.0.0.1", &master.port.to_string()]);

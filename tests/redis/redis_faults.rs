@@ -163,6 +163,36 @@ async fn stopped_redis_is_unavailable_fast_then_a_restarted_empty_redis_serves_a
     readiness_becomes(&server, 200, Duration::from_secs(10)).await;
 }
 
+/// A Redis stalled for 300 ms, three times its store timeout: a caller that waits 5 s (Envoy
+/// AI Gateway's quota filter) gets its decision; one that sends no deadline gets
+/// `--store-timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_call_waits_what_remains_of_its_caller_s_deadline() {
+    let mut server = start_with_policy(OnStoreError::Unavailable).await;
+    assert_eq!(server.ok(user("a")).await.statuses[0].limit_remaining, 9);
+    let mut client = server.client().await;
+    let stalled = |server: &mut TestServer| redis(server).pause_for(Duration::from_millis(300));
+    let waiting = |wait: Option<Duration>| {
+        let mut request = tonic::Request::new(user("a"));
+        if let Some(wait) = wait {
+            request.set_timeout(wait);
+        }
+        request
+    };
+
+    let resumed = stalled(&mut server);
+    let answer = client
+        .should_rate_limit(waiting(Some(Duration::from_secs(5))))
+        .await;
+    resumed.join().unwrap();
+    assert_eq!(answer.unwrap().into_inner().statuses[0].limit_remaining, 8);
+
+    let resumed = stalled(&mut server);
+    let unsaid = client.should_rate_limit(waiting(None)).await;
+    resumed.join().unwrap();
+    assert_eq!(unsaid.unwrap_err().code(), tonic::Code::Unavailable);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_redis_with_allow_answers_ok_marked_in_a_header() {
     stopped_redis(OnStoreError::Allow, |answer| {

@@ -78,9 +78,11 @@ impl RedisStore {
             slot_map_refresh: options.slot_map_refresh,
             clock: Arc::downgrade(&clock),
         };
+        // redis-rs's own bound is the longest a call may take; the guard bounds each call by
+        // what its caller waits.
         let timeouts = Timeouts {
             connect: options.connect_timeout,
-            call: options.timeout,
+            call: options.call_bounds().longest,
         };
         let pool = Pool::start(
             spec,

@@ -2,12 +2,17 @@
 # The overload curve with h2load as the load generator: `scripts/overload h2load …` (see
 # there for what it reports).
 #   scripts/lib/overload-h2load.sh [memory|redis] [seconds per step] [connections] [tollgate serve flags…]
+# STREAMS=n: at most n calls in flight per connection on h2load's side (default 256; Envoy's
+# default circuit breaker holds an Envoy to 1,024 across its connections); CAPACITY_STREAMS=n
+# the same for the capacity measurement alone (default STREAMS).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 store=${1:-memory}
 seconds=${2:-20}
 connections=${3:-8}
 shift $(($# < 3 ? $# : 3))
+streams=${STREAMS:-256}
+capacity_streams=${CAPACITY_STREAMS:-$streams}
 source scripts/lib/local.sh
 command -v h2load >/dev/null || { echo "h2load missing (apt-get install nghttp2-client)" >&2; exit 1; }
 cargo build --release --locked -q
@@ -48,7 +53,7 @@ metrics() { curl -fs "http://127.0.0.1:$http/metrics" > "$1"; }
 # Decisions only: answers that are not (UNAVAILABLE, RESOURCE_EXHAUSTED) are no capacity.
 echo "== capacity ($store store, $connections connections, their streams full): h2load closed loop, 10 s"
 metrics "$work/before.txt"
-h2 -m 256 -D 10 > "$work/capacity.txt"
+h2 -m "$capacity_streams" -D 10 > "$work/capacity.txt"
 metrics "$work/after.txt"
 grep -E '^(finished|requests|time for request)' "$work/capacity.txt"
 capacity=$(python3 - "$work/before.txt" "$work/after.txt" <<'PY'
@@ -71,7 +76,7 @@ for multiple in 0.5 1 1.5 2 3; do
     per_connection=$(python3 -c "print(max(1, round($multiple * $capacity / $connections)))")
     metrics "$work/before.txt"
     rm -f "$work/log"  # h2load appends to it
-    h2 -m 256 --rps "$per_connection" -D "$seconds" --log-file "$work/log" > "$work/step.txt" &
+    h2 -m "$streams" --rps "$per_connection" -D "$seconds" --log-file "$work/log" > "$work/step.txt" &
     load=$!
     rss=()
     while kill -0 "$load" 2>/dev/null; do

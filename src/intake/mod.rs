@@ -58,8 +58,10 @@ pub struct IntakeOptions {
     pub grpc_max_bytes_reading: usize,
 
     /// Streams a client may have open on one gRPC connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS);
-    /// a client wanting more waits on its side, or opens another connection.
-    #[arg(long, env = "TOLLGATE_GRPC_MAX_STREAMS", default_value_t = 256)]
+    /// a client wanting more waits on its side, or opens another connection. The default is
+    /// what an Envoy with its default circuit breaker (1,024 requests) can send on a new
+    /// connection before it has read this setting.
+    #[arg(long, env = "TOLLGATE_GRPC_MAX_STREAMS", default_value_t = 1_024)]
     pub grpc_max_streams: u32,
 }
 

@@ -6,7 +6,8 @@
 //!
 //! Where the reference's default is a semantic choice, it is kept in this mode (denied hits
 //! count, `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`); where it is a defect tollgate
-//! fixed (counter keys that collide), the fix stays. A value tollgate cannot honour stops
+//! fixed (counter keys that collide), the fix stays; where it only costs speed (the local
+//! cache off), tollgate's own default stays, unless the variable is set. A value tollgate cannot honour stops
 //! startup with a message naming the variable; a variable that tuned the reference's
 //! internals is logged once as ignored.
 

@@ -239,20 +239,25 @@ impl Reader<'_> {
         if !prefix.is_empty() {
             self.flag("--store-key-prefix", prefix, "CACHE_KEY_PREFIX");
         }
-        let bytes = self.text("LOCAL_CACHE_SIZE_IN_BYTES");
-        let bytes: u64 = bytes.parse().map_err(|_| {
-            refuse(
+        // Unset, tollgate's own deny cache stays on: its answers are Redis's, and the denied
+        // hits it answers are still counted, where the reference's cache (off by default)
+        // stops counting them.
+        if self.is_set("LOCAL_CACHE_SIZE_IN_BYTES") {
+            let bytes = self.text("LOCAL_CACHE_SIZE_IN_BYTES");
+            let bytes: u64 = bytes.parse().map_err(|_| {
+                refuse(
+                    "LOCAL_CACHE_SIZE_IN_BYTES",
+                    format!("{bytes:?} is not a number of bytes"),
+                )
+            })?;
+            // An entry of the deny cache costs about 128 bytes.
+            let entries = bytes.div_ceil(128);
+            self.flag(
+                "--deny-cache-size",
+                entries.to_string(),
                 "LOCAL_CACHE_SIZE_IN_BYTES",
-                format!("{bytes:?} is not a number of bytes"),
-            )
-        })?;
-        // An entry of the deny cache costs about 128 bytes.
-        let entries = bytes.div_ceil(128);
-        self.flag(
-            "--deny-cache-size",
-            entries.to_string(),
-            "LOCAL_CACHE_SIZE_IN_BYTES",
-        );
+            );
+        }
         let ratio = self.text("NEAR_LIMIT_RATIO");
         self.flag("--near-limit-ratio", ratio, "NEAR_LIMIT_RATIO");
         if !self.switch("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {

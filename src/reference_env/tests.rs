@@ -120,9 +120,15 @@ fn the_defaults_are_the_reference_defaults() {
         "the reference counts denied hits by default"
     );
     assert_eq!(
-        args.store.deny_cache_size, 0,
-        "LOCAL_CACHE_SIZE_IN_BYTES=0: off"
+        args.store.deny_cache_size, 100_000,
+        "LOCAL_CACHE_SIZE_IN_BYTES unset: tollgate's deny cache"
     );
+    let sized = |bytes| {
+        serve(&[("LOCAL_CACHE_SIZE_IN_BYTES", bytes)])
+            .store
+            .deny_cache_size
+    };
+    assert_eq!((sized("0"), sized("1280")), (0, 10), "set: honoured");
     assert_eq!(args.statsd.address.as_deref(), Some("localhost:8125"));
     assert_eq!(args.metrics.near_limit_ratio, 0.8);
     assert!(args.tls.tls_cert.is_none() && args.metrics.metrics_addr.is_none());

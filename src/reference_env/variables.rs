@@ -192,7 +192,7 @@ pub const VARIABLES: &[Variable] = &[
     honoured(
         "LOCAL_CACHE_SIZE_IN_BYTES",
         "0",
-        "--deny-cache-size (0: off; else one entry per 128 bytes)",
+        "unset: tollgate's deny cache at its own size; set: --deny-cache-size (0: off; else one entry per 128 bytes)",
     ),
     honoured("NEAR_LIMIT_RATIO", "0.8", "--near-limit-ratio"),
     honoured(

@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod envoy;
+pub mod prometheus;
 pub mod proxy;
 pub mod redis_process;
 pub mod rlqs;
@@ -398,7 +399,7 @@ pub async fn http_with(
 }
 
 /// Sends `request` and reads the whole response.
-async fn exchange(addr: SocketAddr, request: String) -> HttpResponse {
+pub async fn exchange(addr: SocketAddr, request: String) -> HttpResponse {
     tokio::task::spawn_blocking(move || {
         let mut stream = TcpStream::connect(addr).expect("connect http");
         stream
@@ -498,12 +499,15 @@ pub fn tollgate_bin() -> Command {
 
 /// Fails the test, saying what to install, when `binary` (from Debian's `package`) does not run.
 pub fn require(binary: &str, package: &str) {
-    let found = Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
+    // `--version`, or `version` for the tools that take a command (openssl).
+    let found = ["--version", "version"].iter().any(|asked| {
+        Command::new(binary)
+            .arg(asked)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    });
     assert!(
         found,
         "{binary} not found: this test needs Debian's {package} package; run scripts/test, which installs it"

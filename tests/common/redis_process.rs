@@ -17,6 +17,8 @@ pub struct RedisServer {
     cluster: bool,
     /// More `redis-server` arguments (TLS).
     extra: Vec<String>,
+    /// The password the test's own queries give, once `set_password` set one.
+    password: Option<String>,
     _tmp: std::sync::Arc<tempfile::TempDir>,
 }
 
@@ -52,6 +54,7 @@ impl RedisServer {
             dir,
             cluster,
             extra,
+            password: None,
             _tmp: tmp,
         };
         server.launch();
@@ -198,7 +201,14 @@ impl RedisServer {
 
     /// Runs one command; `None` if the server does not answer.
     pub fn try_query(&self, args: &[&str]) -> Option<redis::Value> {
-        query_port(self.port, args)
+        query_port_as(self.port, self.password.as_deref(), args)
+    }
+
+    /// Requires `password` of every client from now on (`requirepass`); the test's own
+    /// queries give it.
+    pub fn set_password(&mut self, password: &str) {
+        self.query(&["CONFIG", "SET", "requirepass", password]);
+        self.password = Some(password.to_owned());
     }
 
     /// Runs one command and returns its reply as text.
@@ -525,7 +535,12 @@ impl RedisSentinels {
 /// One command to whatever Redis (or sentinel) listens on `port`; `None` if it does not
 /// answer.
 fn query_port(port: u16, args: &[&str]) -> Option<redis::Value> {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    query_port_as(port, None, args)
+}
+
+fn query_port_as(port: u16, password: Option<&str>, args: &[&str]) -> Option<redis::Value> {
+    let auth = password.map_or_else(String::new, |password| format!(":{password}@"));
+    let client = redis::Client::open(format!("redis://{auth}127.0.0.1:{port}")).ok()?;
     let mut connection = client
         .get_connection_with_timeout(Duration::from_secs(2))
         .ok()?;

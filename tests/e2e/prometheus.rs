@@ -9,10 +9,10 @@
 
 use crate::common;
 
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::prometheus::Prometheus;
 use common::redis_process::RedisServer;
 use common::*;
 use serde_json::Value;
@@ -32,18 +32,6 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     assert!(checked.contains("SUCCESS: 8 rules found"), "{checked}");
     let tested = promtool(&["test", "rules", "deploy/prometheus/alerts-test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
-}
-
-/// The result of a PromQL query at Prometheus on `addr` (`data.result`).
-async fn query(addr: SocketAddr, promql: &str) -> Vec<Value> {
-    let encoded = percent_encoding::utf8_percent_encode(promql, percent_encoding::NON_ALPHANUMERIC);
-    let response = get(addr, &format!("/api/v1/query?query={encoded}"), &[]).await;
-    assert_eq!(response.status, 200, "{promql}: {}", response.body);
-    let body: Value = serde_json::from_str(&response.body).unwrap();
-    body["data"]["result"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
 }
 
 /// Waits (60 s at most) until `condition` holds of tollgate's own /metrics text.
@@ -112,41 +100,12 @@ async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate
     replica.wait_ready().await;
 
     // Prometheus, scraping it every second and evaluating the shipped rules.
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let alerts = std::fs::canonicalize("deploy/prometheus/alerts.yaml").unwrap();
-    let prometheus_config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &prometheus_config,
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{}]\nscrape_configs:\n  - job_name: tollgate\n    static_configs: [{{targets: [\"127.0.0.1:{}\"]}}]\n",
-            alerts.display(),
-            replica.http
-        ),
+    let prometheus = Prometheus::start(
+        &[format!("127.0.0.1:{}", replica.http)],
+        &[alerts.as_path()],
     )
-    .unwrap();
-    let _prometheus = ChildGuard(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", prometheus_config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn prometheus"),
-    );
-    let prometheus = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(prometheus).await.is_err()
-        || get(prometheus, "/-/ready", &[]).await.status != 200
-    {
-        assert!(Instant::now() < deadline, "prometheus never became ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    .await;
 
     // OK, then OVER_LIMIT.
     let mut client = replica.client().await;
@@ -180,8 +139,10 @@ async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate
     // samples they need once it holds a few scrapes.
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let down = query(prometheus, "tollgate_store_up == 0").await;
-        let scrapes = query(prometheus, "count_over_time(tollgate_store_up[1m]) >= 5").await;
+        let down = prometheus.query("tollgate_store_up == 0").await;
+        let scrapes = prometheus
+            .query("count_over_time(tollgate_store_up[1m]) >= 5")
+            .await;
         if !down.is_empty() && !scrapes.is_empty() {
             break;
         }
@@ -205,7 +166,7 @@ async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate
     assert!(expressions.len() >= 15, "{expressions:?}");
     let mut empty = Vec::new();
     for expression in &expressions {
-        if query(prometheus, expression).await.is_empty() {
+        if prometheus.query(expression).await.is_empty() {
             empty.push(expression.clone());
         }
     }
@@ -230,7 +191,8 @@ async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate
     assert!(names.len() >= 8, "{names:?}");
     let mut missing = Vec::new();
     for name in names {
-        if query(prometheus, &format!("count({{__name__=\"{name}\"}})"))
+        if prometheus
+            .query(&format!("count({{__name__=\"{name}\"}})"))
             .await
             .is_empty()
         {
@@ -241,7 +203,7 @@ async fn every_dashboard_query_and_alert_metric_has_data_from_a_running_tollgate
         missing.is_empty(),
         "alert rules name metrics tollgate does not export: {missing:?}"
     );
-    let loaded = get(prometheus, "/api/v1/rules", &[]).await.body;
+    let loaded = prometheus.rules().await;
     assert!(
         loaded.contains("TollgateStoreDown") && loaded.contains("\"health\":\"ok\""),
         "{loaded}"

@@ -45,8 +45,16 @@ fn compose_env(dir: &Path, redis: &RedisServer) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// Starts `ratelimit` with only `env` (and loopback listeners), and waits until it is ready.
-async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> ChildGuard {
+/// A `ratelimit` process and where its HTTP listener (`PORT`) is.
+pub struct Ratelimit {
+    pub _process: ChildGuard,
+    pub http: std::net::SocketAddr,
+}
+
+/// Starts `ratelimit` with only `env` (and loopback listeners, the debug one on a port of
+/// the system's choosing unless `env` says), and waits until it is ready; its log goes to
+/// `dir/ratelimit.log`.
+pub async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> Ratelimit {
     let http = free_port();
     let log = std::fs::File::create(dir.join("ratelimit.log")).unwrap();
     let child = Command::new(ratelimit_link(dir))
@@ -69,7 +77,10 @@ async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> Child
         let ready = tokio::net::TcpStream::connect(addr).await.is_ok()
             && common::http(addr, "GET", "/readyz", "").await.0 == 200;
         if ready {
-            return process;
+            return Ratelimit {
+                _process: process,
+                http: addr,
+            };
         }
         let log = std::fs::read_to_string(dir.join("ratelimit.log")).unwrap_or_default();
         assert!(
@@ -215,7 +226,7 @@ fn ratelimit_link_once(dir: &Path) -> PathBuf {
 
 /// One OTLP/HTTP export request received on `listener` (the body of a `POST /v1/traces`),
 /// answered 200.
-async fn receive_otlp_http(
+pub async fn receive_otlp_http(
     listener: &tokio::net::TcpListener,
 ) -> opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest {
     use prost::Message as _;
@@ -302,117 +313,4 @@ async fn tracing_enabled_exports_spans_over_otlp_http_as_ratelimit() {
         .map(|span| span.name.as_str())
         .collect();
     assert!(names.contains(&"should_rate_limit"), "{names:?}");
-}
-
-/// Envoy Gateway's rate-limit service, tollgate in place of the reference: `/bin/ratelimit`
-/// with exactly the environment the gateway's controller gives it (TLS to Envoy and to the
-/// control plane, certificates from one CA; Redis over TCP), rules pushed over xDS in the
-/// shape the controller generates, and a real Envoy calling it over mutual TLS.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_envoy_gateway_deployment_with_rules_pushed_over_xds() {
-    use common::xds::{ControlPlane, PlaneTls};
-    use tollgate::pb::ratelimit::config::ratelimit::v3 as rls;
-    let dir = tempfile::tempdir().unwrap();
-    let redis = RedisServer::start();
-    let authority = ca("envoy gateway CA");
-    let (tls_crt, tls_key) = authority.write_leaf(
-        dir.path(),
-        "tls",
-        &["envoy-ratelimit", "localhost", "127.0.0.1"],
-    );
-    let ca_crt = authority.write(dir.path(), "ca");
-    let (plane_crt, plane_key) =
-        authority.write_leaf(dir.path(), "plane", &["envoy-gateway", "127.0.0.1"]);
-    let plane_tls = PlaneTls {
-        cert: plane_crt,
-        key: plane_key,
-        client_ca: ca_crt.clone(),
-    };
-    let plane = ControlPlane::start(None, Some(&plane_tls)).await;
-    // What the controller generates for an HTTPRoute rule limiting each x-user-id to 3 an
-    // hour on the gateway's HTTP listener.
-    let route = "httproute/default/backend/rule/0/match/0";
-    plane.push(
-        "1",
-        vec![rls::RateLimitConfig {
-            name: "default/eg/http".into(),
-            domain: "default/eg/http".into(),
-            descriptors: vec![rls::RateLimitDescriptor {
-                key: route.into(),
-                value: route.into(),
-                descriptors: vec![rls::RateLimitDescriptor {
-                    key: "rule-0-match-0".into(),
-                    rate_limit: Some(rls::RateLimitPolicy {
-                        unit: rls::RateLimitUnit::Hour as i32,
-                        requests_per_unit: 3,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            }],
-        }],
-    );
-    let path = |p: &Path| p.display().to_string();
-    let env = [
-        ("RUNTIME_ROOT", path(&dir.path().join("data"))),
-        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-        ("RUNTIME_IGNOREDOTFILES", "true".to_owned()),
-        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
-        ("LOG_LEVEL", "info".to_owned()),
-        ("USE_STATSD", "false".to_owned()),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW".to_owned()),
-        ("CONFIG_GRPC_XDS_SERVER_URL", plane.addr.to_string()),
-        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit".to_owned()),
-        ("GRPC_SERVER_USE_TLS", "true".to_owned()),
-        ("GRPC_SERVER_TLS_CERT", path(&tls_crt)),
-        ("GRPC_SERVER_TLS_KEY", path(&tls_key)),
-        ("GRPC_SERVER_TLS_CA_CERT", path(&ca_crt)),
-        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true".to_owned()),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", path(&tls_crt)),
-        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", path(&tls_key)),
-        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", path(&ca_crt)),
-        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true".to_owned()),
-        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-        ("REDIS_URL", format!("127.0.0.1:{}", redis.port)),
-    ];
-    let grpc = free_port();
-    let _ratelimit = start_ratelimit(dir.path(), grpc, &env).await;
-    plane
-        .request_where(|r| {
-            r.version_info == "1"
-                && r.error_detail.is_none()
-                && r.node
-                    .as_ref()
-                    .is_some_and(|node| node.id == "envoy-ratelimit")
-        })
-        .await;
-
-    let (envoy_crt, envoy_key) = authority.write_leaf(dir.path(), "envoy", &["envoy"]);
-    let upstream = UpstreamTls {
-        ca: ca_crt,
-        cert: envoy_crt,
-        key: envoy_key,
-    };
-    let ports = ports([grpc, grpc]);
-    let descriptors = format!(
-        "- generic_key: {{descriptor_key: \"{route}\", descriptor_value: \"{route}\"}}\n                                  - request_headers: {{header_name: x-user-id, descriptor_key: rule-0-match-0}}"
-    );
-    let _envoy = start_envoy_edited(&ports, dir.path(), Some(&upstream), |text| {
-        text.replace("domain: edge", "domain: default/eg/http")
-            .replacen(
-                "- request_headers: {header_name: x-user-id, descriptor_key: user}",
-                &descriptors,
-                1,
-            )
-    })
-    .await;
-    away_from_the_hour_boundary().await;
-    // Fail closed: each answer below came from tollgate over mutual TLS.
-    assert_eq!(
-        statuses(ports.fail_closed, "/api", "alice", 5).await,
-        [200, 200, 200, 429, 429]
-    );
-    assert_eq!(statuses(ports.fail_closed, "/api", "bob", 1).await, [200]);
-    assert_eq!(redis.dbsize(), 2, "one counter per user, in Redis");
 }

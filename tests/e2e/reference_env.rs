@@ -55,9 +55,20 @@ pub struct Ratelimit {
 /// the system's choosing unless `env` says), and waits until it is ready; its log goes to
 /// `dir/ratelimit.log`.
 pub async fn start_ratelimit(dir: &Path, grpc: u16, env: &[(&str, String)]) -> Ratelimit {
+    start_ratelimit_with(dir, grpc, env, &[]).await
+}
+
+/// `start_ratelimit` with arguments on `ratelimit`'s command line.
+pub async fn start_ratelimit_with(
+    dir: &Path,
+    grpc: u16,
+    env: &[(&str, String)],
+    args: &[&str],
+) -> Ratelimit {
     let http = free_port();
     let log = std::fs::File::create(dir.join("ratelimit.log")).unwrap();
     let child = Command::new(ratelimit_link(dir))
+        .args(args)
         .env_clear()
         .env("HOST", "127.0.0.1")
         .env("PORT", http.to_string())

@@ -6,8 +6,9 @@
 //! translator configures it (`envoy.rs`). `cases.rs` and `policies.rs` port the gateway's
 //! own global rate-limit end-to-end cases; `deployment.rs` what the deployment itself must do
 //! (probes through a Redis outage, `egctl`'s view of the rules, Redis over TLS, tracing,
-//! bursts).
+//! bursts); `ai_gateway.rs` Envoy AI Gateway's QuotaPolicy deployment beside it.
 
+mod ai_gateway;
 mod cases;
 mod certs;
 mod deployment;

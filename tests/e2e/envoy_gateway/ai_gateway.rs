@@ -72,7 +72,6 @@ fn request(model: &str, acme: bool, cost: u32) -> pb::RateLimitRequest {
         domain: DOMAIN.into(),
         descriptors,
         hits_addend: cost,
-        ..Default::default()
     }
 }
 
@@ -162,7 +161,6 @@ async fn the_quota_policy_deployment_decides_quota_mode_as_the_reference() {
             ("model_name_override", "gpt-5"),
         ])],
         hits_addend: 999,
-        ..Default::default()
     };
     assert_eq!(decide(other.clone()).await, (ok, vec![ok]));
     assert_eq!(decide(other).await, (over, vec![over]));

@@ -123,10 +123,22 @@ impl Guarded {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let bound = self.bounds.now();
+        self.bounded(self.bounds.now(), call).await
+    }
+
+    /// `call`, dropped after `bound`: the store is told, since it never sees that failure.
+    async fn bounded<T>(
+        &self,
+        bound: Duration,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(bound, call).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(bound)),
+            Err(_) => {
+                let error = StoreError::Timeout(bound);
+                self.inner.gave_up(&error);
+                Err(error)
+            }
         }
     }
 }
@@ -146,11 +158,7 @@ impl CounterStore for Guarded {
 
     /// Health probes bypass the breaker: they are how readiness finds the store back.
     async fn ping(&self) -> Result<(), StoreError> {
-        let bound = self.bounds.unsaid;
-        match tokio::time::timeout(bound, self.inner.ping()).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout(bound)),
-        }
+        self.bounded(self.bounds.unsaid, self.inner.ping()).await
     }
 }
 
@@ -194,9 +202,11 @@ mod tests {
         (inner, guarded, took)
     }
 
-    /// A store whose calls take `delay`.
+    /// A store whose calls take `delay`, remembering the bounds it was told it missed.
+    #[derive(Default)]
     struct Slow {
         delay: Duration,
+        missed: Mutex<Vec<u128>>,
     }
 
     #[tonic::async_trait]
@@ -207,7 +217,14 @@ mod tests {
         }
 
         async fn ping(&self) -> Result<(), StoreError> {
+            tokio::time::sleep(self.delay).await;
             Ok(())
+        }
+
+        fn gave_up(&self, error: &StoreError) {
+            if let StoreError::Timeout(bound) = error {
+                self.missed.lock().unwrap().push(bound.as_millis());
+            }
         }
     }
 
@@ -220,6 +237,7 @@ mod tests {
         let store = |delay_ms| {
             let slow = Arc::new(Slow {
                 delay: Duration::from_millis(delay_ms),
+                ..Slow::default()
             });
             Guarded::new(slow, bounds, Histogram::new([0.001]))
         };
@@ -245,6 +263,24 @@ mod tests {
             timeout_ms(for_caller(within(20), slow.apply(&[])).await),
             Some(20)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_store_is_told_of_every_call_dropped_at_its_bound() {
+        let bounds = CallBounds {
+            unsaid: Duration::from_millis(50),
+            longest: Duration::from_secs(1),
+        };
+        let slow = Arc::new(Slow {
+            delay: Duration::from_millis(200),
+            ..Slow::default()
+        });
+        let guarded = Guarded::new(slow.clone(), bounds, Histogram::new([0.001]));
+        assert!(guarded.apply(&[]).await.is_err());
+        assert!(guarded.ping().await.is_err());
+        let within = Some(tokio::time::Instant::now() + Duration::from_secs(5));
+        assert!(for_caller(within, guarded.apply(&[])).await.is_ok());
+        assert_eq!(*slow.missed.lock().unwrap(), [50, 50]);
     }
 
     #[tokio::test]

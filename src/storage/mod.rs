@@ -145,6 +145,11 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Answers when the store can serve; drives readiness.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A call of `apply` or `ping` was dropped unanswered after `error` (its caller's bound
+    /// passed): a store that learns from its failures learns from this one too, which it
+    /// never saw end.
+    fn gave_up(&self, _error: &StoreError) {}
 }
 
 /// Deciding without a future: a store in process decides every request so, a leasing store

@@ -223,6 +223,13 @@ impl CounterStore for RedisStore {
             None => Ok(()),
         }
     }
+
+    /// redis-rs's own bound is the longest any call may wait, so a call its caller gave up
+    /// on earlier ends here: without this, connections that stop answering would never be
+    /// made again for callers that wait less than --store-timeout-max.
+    fn gave_up(&self, error: &StoreError) {
+        self.treat(error);
+    }
 }
 
 impl StoreClock for RedisStore {

@@ -96,6 +96,13 @@ impl CounterStore for PerSecondSplit {
         self.main.ping().await?;
         self.per_second.ping().await
     }
+
+    /// Which of the two did not answer is not known: both learn (a success on the other
+    /// ends its streak).
+    fn gave_up(&self, error: &StoreError) {
+        self.main.gave_up(error);
+        self.per_second.gave_up(error);
+    }
 }
 
 #[tonic::async_trait]

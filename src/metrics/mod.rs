@@ -156,6 +156,7 @@ impl Metrics {
             if let Some(time) = self.service.reference_time.get() {
                 out.push_str(&time.render());
             }
+            out.push_str(reference::RUNTIME_SERIES);
             out.push_str("# EOF\n");
         }
         out

@@ -415,18 +415,41 @@ pub async fn exchange(addr: SocketAddr, request: String) -> HttpResponse {
             .and_then(|line| line.split(' ').nth(1))
             .and_then(|code| code.parse().ok())
             .expect("status line");
-        let headers = lines
+        let headers: Vec<(String, String)> = lines
             .filter_map(|line| line.split_once(':'))
             .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_owned()))
             .collect();
+        let chunked = headers
+            .iter()
+            .any(|(name, value)| name == "transfer-encoding" && value.contains("chunked"));
+        let body = if chunked {
+            dechunk(body)
+        } else {
+            body.to_owned()
+        };
         HttpResponse {
             status,
             headers,
-            body: body.to_owned(),
+            body,
         }
     })
     .await
     .expect("http task")
+}
+
+/// A chunked body's content: each chunk's size in hex, its bytes, until a chunk of 0.
+fn dechunk(mut body: &str) -> String {
+    let mut content = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16)
+            .expect("a chunk size");
+        if size == 0 {
+            break;
+        }
+        content.push_str(&rest[..size]);
+        body = rest[size..].strip_prefix("\r\n").unwrap_or(&rest[size..]);
+    }
+    content
 }
 
 // === request builders ===

@@ -94,6 +94,19 @@ async fn rate_limit_cidr_match_blocks_all_ips() {
         .await;
     assert_eq!(samples[0]["metric"]["domain"], json!(l));
     assert_eq!(samples[0]["value"][1], json!("1"));
+    // Every series Envoy Gateway's rate-limit dashboard plots.
+    for series in [
+        format!("ratelimit_service_rate_limit_total_hits{{domain=\"{l}\"}}"),
+        format!("ratelimit_service_rate_limit_over_limit{{domain=\"{l}\"}}"),
+        format!("ratelimit_service_rate_limit_near_limit{{domain=\"{l}\"}}"),
+        "process_resident_memory_bytes".to_owned(),
+        "process_virtual_memory_bytes".to_owned(),
+        "go_memstats_gc_cpu_fraction".to_owned(),
+        "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\"}"
+            .to_owned(),
+    ] {
+        prometheus.until_samples(&series).await;
+    }
 }
 
 /// Two listeners of one Gateway on one port, by hostname: one Envoy listener, each route

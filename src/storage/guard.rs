@@ -152,7 +152,10 @@ impl CounterStore for Guarded {
         let started = Instant::now();
         let result = self.within_deadline(self.inner.apply(hits)).await;
         self.took.observe(started.elapsed().as_secs_f64());
-        self.record(result.is_ok());
+        match &result {
+            Err(error) if !error.is_store_wide() => {}
+            result => self.record(result.is_ok()),
+        }
         result
     }
 
@@ -172,6 +175,8 @@ mod tests {
     #[derive(Default)]
     struct Flaky {
         failing: AtomicBool,
+        /// Fails as a moving slot does instead.
+        moving: AtomicBool,
         calls: AtomicU32,
     }
 
@@ -179,6 +184,9 @@ mod tests {
     impl CounterStore for Flaky {
         async fn apply(&self, _hits: &[Hit]) -> Result<Vec<Outcome>, StoreError> {
             self.calls.fetch_add(1, Ordering::Relaxed);
+            if self.moving.load(Ordering::Relaxed) {
+                return Err(StoreError::Moving("ASK 3999 127.0.0.1:7001".into()));
+            }
             if self.failing.load(Ordering::Relaxed) {
                 return Err(StoreError::unavailable("down"));
             }
@@ -303,6 +311,42 @@ mod tests {
         let reached = 1 + (TRIP_AFTER - 1) + 1 + TRIP_AFTER;
         assert_eq!(inner.calls.load(Ordering::Relaxed), reached);
         assert_eq!(observations(&took), u64::from(reached));
+    }
+
+    #[tokio::test]
+    async fn a_moving_slot_never_opens_the_breaker_nor_closes_it() {
+        let (inner, guarded, _) = guarded();
+        inner.moving.store(true, Ordering::Relaxed);
+        for _ in 0..TRIP_AFTER * 4 {
+            assert!(matches!(
+                guarded.apply(&[]).await,
+                Err(StoreError::Moving(_))
+            ));
+        }
+        inner.moving.store(false, Ordering::Relaxed);
+        assert!(
+            guarded.apply(&[]).await.is_ok(),
+            "the breaker stayed closed"
+        );
+        // Four failures, a moving slot in between: the fifth still opens the breaker.
+        inner.failing.store(true, Ordering::Relaxed);
+        for _ in 0..TRIP_AFTER - 1 {
+            assert!(guarded.apply(&[]).await.is_err());
+        }
+        inner.moving.store(true, Ordering::Relaxed);
+        assert!(matches!(
+            guarded.apply(&[]).await,
+            Err(StoreError::Moving(_))
+        ));
+        inner.moving.store(false, Ordering::Relaxed);
+        assert!(matches!(
+            guarded.apply(&[]).await,
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            guarded.apply(&[]).await,
+            Err(StoreError::CircuitOpen)
+        ));
     }
 
     fn observations(histogram: &Histogram) -> u64 {

@@ -77,6 +77,11 @@ pub enum StoreError {
     /// No answer within the store timeout (or the client's deadline).
     #[error("no answer from the store within {0:?}")]
     Timeout(Duration),
+    /// A counter's slot is moving between Redis Cluster nodes (MOVED, ASK or TRYAGAIN still
+    /// answered after the call was sent again): the trouble of that slot's keys alone, which
+    /// neither the circuit breaker nor readiness count.
+    #[error("store slot moving: {0}")]
+    Moving(#[source] Cause),
     /// The circuit breaker is open: the store failed repeatedly and is not asked for now.
     #[error("store unavailable: circuit breaker open")]
     CircuitOpen,
@@ -108,6 +113,7 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => "unavailable",
             StoreError::Timeout(_) => "timeout",
+            StoreError::Moving(_) => "moving",
             StoreError::CircuitOpen => "circuit_open",
             StoreError::ReadOnly(_) => "read_only",
             StoreError::Stuck(_) => "stuck",
@@ -122,6 +128,7 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_)
             | StoreError::Timeout(_)
+            | StoreError::Moving(_)
             | StoreError::CircuitOpen
             | StoreError::ReadOnly(_) => true,
             StoreError::Stuck(_)
@@ -129,6 +136,12 @@ impl StoreError {
             | StoreError::MalformedReply(_)
             | StoreError::Full { .. } => false,
         }
+    }
+
+    /// Whether the failure is the whole store's, which the circuit breaker and readiness
+    /// count: not one moving slot's.
+    pub fn is_store_wide(&self) -> bool {
+        !matches!(self, StoreError::Moving(_))
     }
 
     /// Unavailable, for a cause given as text.

@@ -397,7 +397,7 @@ impl RedisCluster {
         to.query(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
         from.query(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
         let keys: Vec<String> = from
-            .try_query(&["CLUSTER", "GETKEYSINSLOT", &slot, "1000"])
+            .try_query(&["CLUSTER", "GETKEYSINSLOT", &slot, "100000"])
             .and_then(|keys| redis::from_redis_value(keys).ok())
             .expect("CLUSTER GETKEYSINSLOT");
         for key in &keys {

@@ -88,9 +88,7 @@ impl Connection {
             Link::Single(mut connection) => {
                 transport::send(call, layout, &mut Plain(&mut connection)).await
             }
-            Link::Cluster(mut connection) => {
-                transport::send(call, layout, &mut Routed::new(&mut connection, call)).await
-            }
+            Link::Cluster(mut connection) => send_while_moving(call, layout, &mut connection).await,
             Link::Sentinel(link) => {
                 transport::send(call, layout, &mut Plain(&mut link.connection())).await
             }
@@ -162,6 +160,55 @@ impl Connection {
     }
 }
 
+/// Waits between sends of a call refused because its slot is moving: together about as long
+/// as a busy slot's move takes to settle after its last key is migrated.
+const WHILE_MOVING: [Duration; 6] = [
+    Duration::from_millis(1),
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(8),
+    Duration::from_millis(16),
+    Duration::from_millis(32),
+];
+
+/// Sends a cluster call, again while its slot is moving. redis-rs follows MOVED and ASK
+/// itself, but only as far as its retries go; its ASKING can be taken by another caller's
+/// command on the shared connection (`transport::Routed::asking` sends both as one); and a
+/// move's last moments bounce a call between the two owners (the old one has given the slot
+/// away while the new one does not know it owns it yet). A call refused for any of these ran
+/// nothing, so sending it again is exact.
+async fn send_while_moving(
+    call: &Call<'_>,
+    layout: Layout,
+    connection: &mut ClusterConnection,
+) -> Result<Value, RedisError> {
+    let mut waits = WHILE_MOVING.iter();
+    let mut sent = transport::send(call, layout, &mut Routed::new(connection, call)).await;
+    loop {
+        let error = match sent {
+            Err(error) if is_moving(&error) => error,
+            sent => return sent,
+        };
+        if let (ErrorKind::Server(ServerErrorKind::Ask), Some((address, _))) =
+            (error.kind(), error.redirect_node())
+            && let Some((host, port)) = address
+                .rsplit_once(':')
+                .and_then(|(host, port)| Some((host, port.parse().ok()?)))
+        {
+            let mut asking = Routed::asking(connection, host, port);
+            sent = transport::send(call, layout, &mut asking).await;
+            if !sent.as_ref().is_err_and(is_moving) {
+                return sent;
+            }
+        }
+        let Some(wait) = waits.next() else {
+            return Err(error);
+        };
+        tokio::time::sleep(*wait).await;
+        sent = transport::send(call, layout, &mut Routed::new(connection, call)).await;
+    }
+}
+
 /// Sends `call` on a connection to one server and reads the reply: for the tests and tools
 /// that talk to one Redis directly.
 pub async fn call_on(
@@ -201,6 +248,9 @@ pub fn store_error(error: RedisError, timeout: Duration) -> StoreError {
     if is_read_only(&error) {
         return StoreError::ReadOnly(Box::new(error));
     }
+    if is_moving(&error) {
+        return StoreError::Moving(Box::new(error));
+    }
     let lasting = error.kind() == ErrorKind::AuthenticationFailed
         || matches!(error.retry_method(), RetryMethod::NoRetry);
     if lasting {
@@ -215,6 +265,16 @@ pub fn store_error(error: RedisError, timeout: Duration) -> StoreError {
 fn is_read_only(error: &RedisError) -> bool {
     error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
         || error.to_string().contains("READONLY")
+}
+
+/// A cluster's refusal of a call whose slot is moving (or has moved): the call ran nothing.
+fn is_moving(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved | ServerErrorKind::Ask | ServerErrorKind::TryAgain
+        )
+    )
 }
 
 /// Whether a cross-slot call failed because a counter is not served by the node it went to.
@@ -306,4 +366,35 @@ async fn open(spec: &RedisSpec, timeouts: Timeouts) -> Result<Link, RedisError> 
     Ok(Link::Single(
         client.get_connection_manager_with_config(config).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(code: &str, detail: &str) -> RedisError {
+        let parsed = redis::parse_redis_value(format!("-{code} {detail}\r\n").as_bytes());
+        match parsed.map(Value::extract_error) {
+            Ok(Err(error)) => error,
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_moving_slot_s_refusals_are_moving_and_nothing_else_is() {
+        let kind = |code, detail| store_error(server_error(code, detail), Duration::ZERO).kind();
+        assert_eq!(kind("ASK", "3999 127.0.0.1:7001"), "moving");
+        assert_eq!(kind("MOVED", "3999 127.0.0.1:7001"), "moving");
+        assert_eq!(
+            kind("TRYAGAIN", "Multiple keys request during rehashing of slot"),
+            "moving"
+        );
+        assert_eq!(kind("CLUSTERDOWN", "The cluster is down"), "unavailable");
+        assert_eq!(
+            kind("READONLY", "You can't write against a read only replica."),
+            "read_only"
+        );
+        assert!(!StoreError::Moving("ASK".into()).is_store_wide());
+        assert!(StoreError::unavailable("down").is_store_wide());
+    }
 }

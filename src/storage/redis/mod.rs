@@ -125,6 +125,9 @@ impl RedisStore {
     /// Learns from a failed call (see `doctor.rs`): makes the connections again (and, on a
     /// cluster, reads the slot map again through them) when the failures call for it.
     fn treat(&self, error: &StoreError) {
+        if !error.is_store_wide() {
+            return;
+        }
         if self.doctor.failed(error, Instant::now()) == Treatment::Rebuild {
             let why = match error {
                 StoreError::ReadOnly(_) => "Redis answered READONLY (a replica)",

@@ -28,10 +28,15 @@ impl<C: ConnectionLike> Target for Plain<'_, C> {
 }
 
 /// One node of a cluster: the one serving the call's first key, or, for a cross-slot call,
-/// the node at its address; a missing library is loaded on that node only.
+/// the node at its address, or the node an ASK redirection names; a missing library is
+/// loaded on that node only.
 pub(super) struct Routed<'a> {
     connection: &'a mut ClusterConnection,
     routing: RoutingInfo,
+    /// Each command goes after ASKING, in one pipeline, so that no other caller's command on
+    /// the shared connection takes the ASKING meant for it (redis-rs sends ASKING and the
+    /// command as two requests, which under load lets the command bounce back as MOVED).
+    asking: bool,
 }
 
 impl<'a> Routed<'a> {
@@ -53,6 +58,20 @@ impl<'a> Routed<'a> {
         Self {
             connection,
             routing,
+            asking: false,
+        }
+    }
+
+    /// To the node at `host:port` that an ASK redirection named, each command after ASKING.
+    pub fn asking(connection: &'a mut ClusterConnection, host: &str, port: u16) -> Self {
+        let node = SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        };
+        Self {
+            connection,
+            routing: RoutingInfo::SingleNode(node),
+            asking: true,
         }
     }
 }
@@ -61,10 +80,28 @@ impl Target for Routed<'_> {
     /// A routed command answers a server's error as a value: it is made an error here, as a
     /// plain connection's is.
     async fn send(&mut self, command: Cmd) -> RedisResult<Value> {
-        self.connection
-            .route_command(command, self.routing.clone())
-            .await
-            .and_then(Value::extract_error)
+        let node = match &self.routing {
+            RoutingInfo::SingleNode(node) if self.asking => node.clone(),
+            routing => {
+                return self
+                    .connection
+                    .route_command(command, routing.clone())
+                    .await
+                    .and_then(Value::extract_error);
+            }
+        };
+        let mut pipeline = redis::pipe();
+        pipeline
+            .add_command(redis::cmd("ASKING"))
+            .add_command(command);
+        let mut replies = self.connection.route_pipeline(pipeline, 1, 1, node).await?;
+        match replies.pop() {
+            Some(reply) => reply.extract_error(),
+            None => Err(RedisError::from((
+                ErrorKind::Client,
+                "no reply after ASKING",
+            ))),
+        }
     }
 }
 

@@ -87,6 +87,11 @@ pub enum Attack {
     ZeroWindow,
     /// TCP connections that never send a byte.
     Idle,
+    /// HTTP/2 connections that send no request, only a PING every 5 s, as a well-behaved
+    /// client keeps a connection it does not use alive.
+    IdleH2,
+    /// HTTP/1.1 requests (to the admin port) written a byte every 5 s, never ending.
+    Slowloris,
     /// RLQS streams (one per connection) each subscribing `--buckets` buckets whose ids are
     /// as large as a stream may send (`--entries` entries of `--entry-bytes` keys and values).
     RlqsBuckets,
@@ -145,6 +150,8 @@ async fn connection(args: &HostileArgs, report: &Shared, until: Instant) -> anyh
         tally(report, |r| r.connections_opened += 1);
         let held = match args.attack {
             Attack::Idle => idle(tcp, until).await,
+            Attack::IdleH2 => idle_h2(tcp, until).await,
+            Attack::Slowloris => slowloris(tcp, until).await,
             Attack::NeverRead => never_read(tcp, args, until).await,
             Attack::RlqsBuckets => rlqs_buckets(args, report, until).await,
             Attack::SlowBody | Attack::HeadersOnly | Attack::ZeroWindow => {
@@ -167,6 +174,50 @@ async fn idle(mut tcp: TcpStream, until: Instant) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::io::AsyncReadExt::read(&mut tcp, &mut byte) => anyhow::bail!("closed by the server"),
         () = tokio::time::sleep_until(until) => Ok(()),
+    }
+}
+
+/// How often `idle-h2` pings and `slowloris` writes a byte.
+const KEEP_ALIVE_EVERY: Duration = Duration::from_secs(5);
+
+/// Holds an HTTP/2 connection over `tcp`, PINGing it, until `until`; an error if the server
+/// closed it first.
+async fn idle_h2(tcp: TcpStream, until: Instant) -> anyhow::Result<()> {
+    let (_client, mut connection) = h2::client::Builder::new()
+        .handshake::<_, Bytes>(tcp)
+        .await?;
+    let mut pings = connection
+        .ping_pong()
+        .ok_or_else(|| anyhow::anyhow!("no ping handle"))?;
+    let mut serving = tokio::spawn(connection);
+    loop {
+        tokio::select! {
+            _ = &mut serving => anyhow::bail!("closed by the server"),
+            () = tokio::time::sleep_until(until) => break,
+            () = tokio::time::sleep(KEEP_ALIVE_EVERY) => {
+                pings.ping(h2::Ping::opaque()).await?;
+            }
+        }
+    }
+    serving.abort();
+    Ok(())
+}
+
+/// Writes an HTTP/1.1 request over `tcp` a byte every 5 s, never its end, until `until`; an
+/// error if the server closed it first.
+async fn slowloris(mut tcp: TcpStream, until: Instant) -> anyhow::Result<()> {
+    let request = b"GET /healthz HTTP/1.1\r\nHost: tollgate\r\nX-Trickle: ";
+    let mut sent = 0;
+    loop {
+        let byte = request.get(sent).copied().unwrap_or(b'a');
+        tcp.write_all(&[byte]).await?;
+        sent += 1;
+        let mut answer = [0u8; 1];
+        tokio::select! {
+            _ = tokio::io::AsyncReadExt::read(&mut tcp, &mut answer) => anyhow::bail!("closed by the server"),
+            () = tokio::time::sleep_until(until) => return Ok(()),
+            () = tokio::time::sleep(KEEP_ALIVE_EVERY) => {}
+        }
     }
 }
 

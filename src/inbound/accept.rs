@@ -23,6 +23,9 @@ use crate::metrics::ListenerMetrics;
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MOST_BACKOFF: Duration = Duration::from_millis(250);
 
+/// How long a new connection waits for the one closed to make room for it to go.
+const ROOM_WAIT: Duration = Duration::from_millis(250);
+
 /// How often a listener that keeps failing, or keeps turning connections away at its cap,
 /// says so again.
 const LOG_EVERY: Duration = Duration::from_secs(60);
@@ -138,13 +141,13 @@ impl Acceptor {
                 }
             };
             self.failures.end();
-            let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
+            let Some(permit) = self.place().await else {
                 self.metrics.count_closed("limit");
                 if let Some(unlogged) = self.refusals.count() {
                     tracing::warn!(
                         listener = self.name,
                         turned_away_since_last_line = unlogged,
-                        "connection limit reached: new connections are closed at once"
+                        "connection limit reached and no connection idle to close: new connections are closed at once"
                     );
                 }
                 continue;
@@ -163,6 +166,19 @@ impl Acceptor {
         }
     }
 
+    /// A place under the cap: a free one, or one made by closing the idlest connection
+    /// (`Roll::make_room`). `None`: every connection is in use.
+    async fn place(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(permit);
+        }
+        if !self.roll.make_room() {
+            return None;
+        }
+        let freed = Arc::clone(&self.slots).acquire_owned();
+        tokio::time::timeout(ROOM_WAIT, freed).await.ok()?.ok()
+    }
+
     /// The connections as a stream of `Inbound`s (tonic's `serve_with_incoming`), watched on
     /// the runtime that polls it.
     pub fn incoming(self) -> impl Stream<Item = io::Result<Inbound<TcpStream>>> {
@@ -179,7 +195,14 @@ impl Acceptor {
         {
             tracing::warn!(listener = self.name, %error, failed_since_last_line = unlogged, "accepting connections fails; retrying with a pause (said again at most once a minute)");
         }
-        tokio::time::sleep(self.failures.backoff()).await;
+        // Out of file descriptors: the idlest connection of any listener gives its own back,
+        // and the next accept is tried as soon as it has.
+        let pause = if is_out_of_descriptors(error) && Roll::make_room_anywhere() {
+            FIRST_BACKOFF
+        } else {
+            self.failures.backoff()
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -230,6 +253,11 @@ fn process_may_say_so() -> bool {
     }
     *said = Some(Instant::now());
     true
+}
+
+/// EMFILE or ENFILE: the process's or the system's file descriptors are all in use.
+fn is_out_of_descriptors(error: &io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(23 | 24))
 }
 
 /// Errors of one connection that went away before it was accepted, not of the listener.

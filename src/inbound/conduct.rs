@@ -7,6 +7,13 @@
 //! the most is closed, with all it holds, and its listener pauses before accepting again, so
 //! that a client reconnecting to do it again is slowed to a few attempts a second.
 //!
+//! A full listener makes room the same way (`Roll::make_room`): a new client is let in by
+//! closing the connection that has gone longest without a request and has none waiting,
+//! idle for `ROOM_AFTER` at least. Connections held open and silent (HTTP/2 PINGs keep them
+//! alive at the byte level) or trickling a request that never ends (Slowloris) are the ones
+//! closed, never a client that is using its connection; a probe, whose connection is new and
+//! short, always finds room.
+//!
 //! Each connection's `Conduct` reaches the request handlers as its connect info (tonic puts it
 //! in every request's extensions).
 
@@ -27,6 +34,14 @@ const PAUSE: Duration = Duration::from_millis(100);
 /// sends whole requests and reads its answers has one or two waiting at a time at most (for
 /// the instant between a stream's headers and its message), so closing it would only hurt.
 const CLOSED_FROM: usize = 32;
+
+/// The shortest a connection must have gone without a request to be closed to make room:
+/// long enough that a client between two requests of its traffic keeps its connection.
+pub const ROOM_AFTER: Duration = Duration::from_secs(1);
+
+/// Every listener's roll, for making room when the process runs out of file descriptors,
+/// which are the process's and not one listener's.
+static ROLLS: Mutex<Vec<std::sync::Weak<Roll>>> = Mutex::new(Vec::new());
 
 /// A listener's live connections.
 #[derive(Debug)]
@@ -49,6 +64,8 @@ pub struct Conduct {
 struct State {
     id: u64,
     waiting: AtomicUsize,
+    /// When its last request came (ms since its roll's start), or when it opened.
+    active: AtomicU64,
     /// `OPEN`, or why the connection is to close (an index into `REASONS`).
     closing: AtomicU8,
     waker: AtomicWaker,
@@ -56,9 +73,10 @@ struct State {
 
 const OPEN: u8 = 0;
 /// Why a connection is closed, as the metric's `reason` says it.
-const REASONS: [&str; 3] = ["", "slow_client", "over_bound"];
+const REASONS: [&str; 4] = ["", "slow_client", "over_bound", "room"];
 const SLOW_CLIENT: u8 = 1;
 const OVER_BOUND: u8 = 2;
+const ROOM: u8 = 3;
 
 /// A request counted as waiting on its connection until dropped.
 pub struct Waiting(Arc<State>);
@@ -71,12 +89,16 @@ impl Drop for Waiting {
 
 impl Roll {
     pub fn new() -> Arc<Self> {
-        Arc::new(Self {
+        let roll = Arc::new(Self {
             connections: Mutex::default(),
             next: AtomicU64::new(0),
             started: Instant::now(),
             paused_until: AtomicU64::new(0),
-        })
+        });
+        let mut rolls = ROLLS.lock().unwrap_or_else(PoisonError::into_inner);
+        rolls.retain(|roll| roll.strong_count() > 0);
+        rolls.push(Arc::downgrade(&roll));
+        roll
     }
 
     fn connections(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<State>>> {
@@ -90,6 +112,7 @@ impl Roll {
         let state = Arc::new(State {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             waiting: AtomicUsize::new(0),
+            active: AtomicU64::new(self.millis()),
             closing: AtomicU8::new(OPEN),
             waker: AtomicWaker::new(),
         });
@@ -125,6 +148,64 @@ impl Roll {
         }
     }
 
+    /// Closes the connection that has gone longest without a request, none waiting on it, if
+    /// that is `ROOM_AFTER` at least: whether one was.
+    pub fn make_room(&self) -> bool {
+        match self.idlest() {
+            Some((state, _)) => {
+                Self::close_for_room(&state);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `make_room` over every listener of the process: the idlest connection of any.
+    pub fn make_room_anywhere() -> bool {
+        let rolls: Vec<Arc<Roll>> = ROLLS
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let idlest = rolls
+            .iter()
+            .filter_map(|roll| roll.idlest())
+            .max_by_key(|(_, idle)| *idle);
+        match idlest {
+            Some((state, _)) => {
+                Self::close_for_room(&state);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The open connection longest without a request and none waiting, with how long, if
+    /// that is `ROOM_AFTER` at least.
+    fn idlest(&self) -> Option<(Arc<State>, u64)> {
+        let now = self.millis();
+        let least = u64::try_from(ROOM_AFTER.as_millis()).unwrap_or(u64::MAX);
+        self.connections()
+            .values()
+            .filter(|state| state.closing.load(Ordering::Relaxed) == OPEN)
+            .filter(|state| state.waiting.load(Ordering::Relaxed) == 0)
+            .map(|state| {
+                let idle = now.saturating_sub(state.active.load(Ordering::Relaxed));
+                (state, idle)
+            })
+            .filter(|(_, idle)| *idle >= least)
+            .max_by_key(|(_, idle)| *idle)
+            .map(|(state, idle)| (Arc::clone(state), idle))
+    }
+
+    /// Closes one connection to let another in: no pause, since the newcomer did nothing
+    /// wrong.
+    fn close_for_room(state: &State) {
+        state.closing.store(ROOM, Ordering::Relaxed);
+        state.waker.wake();
+    }
+
     /// Closes one connection for `reason`, and pauses accepting.
     fn close(&self, state: &State, reason: u8) {
         state.closing.store(reason, Ordering::Relaxed);
@@ -138,6 +219,9 @@ impl Conduct {
     /// Counts a request as waiting on its client on this connection until the guard drops.
     pub fn waiting(&self) -> Waiting {
         self.state.waiting.fetch_add(1, Ordering::Relaxed);
+        self.state
+            .active
+            .store(self.roll.millis(), Ordering::Relaxed);
         Waiting(Arc::clone(&self.state))
     }
 
@@ -157,7 +241,7 @@ impl Conduct {
         self.roll.close(&self.state, OVER_BOUND);
     }
 
-    /// Why the connection is to close, if it is (`slow_client`, `over_bound`).
+    /// Why the connection is to close, if it is (`slow_client`, `over_bound`, `room`).
     pub(super) fn closing_for(&self) -> Option<&'static str> {
         let reason = self.state.closing.load(Ordering::Relaxed);
         (reason != OPEN).then(|| REASONS[usize::from(reason)])

@@ -15,6 +15,7 @@ mod deploy;
 mod envoy;
 mod envoy_current;
 mod envoy_gateway;
+mod hostile;
 mod prometheus;
 mod readme;
 mod reference_env;

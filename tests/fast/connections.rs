@@ -207,8 +207,11 @@ async fn connections_past_the_cap_are_closed_at_once_and_a_freed_place_is_taken_
         ..InboundOptions::default()
     };
     let server = server(IntakeOptions::default(), inbound).await;
+    // Each with a call under way (its message not sent yet): in use, so neither is closed to
+    // make room.
     let (first, first_driving) = connect(server.grpc).await;
-    let (_second, _second_driving) = connect(server.grpc).await;
+    let (second, _second_driving) = connect(server.grpc).await;
+    let _calls = (open(&first).await, open(&second).await);
     let mut third = TcpStream::connect(server.grpc).await.unwrap();
     closed_by_server(&mut third, Duration::from_secs(5)).await;
     assert_eq!(
@@ -219,7 +222,7 @@ async fn connections_past_the_cap_are_closed_at_once_and_a_freed_place_is_taken_
         metric(server.http, "tollgate_connections", "grpc").await,
         2.0
     );
-    drop(first);
+    drop((first, _calls));
     first_driving.abort();
     let deadline = Instant::now() + Duration::from_secs(5);
     while metric(server.http, "tollgate_connections", "grpc").await > 1.0 {
@@ -233,6 +236,73 @@ async fn connections_past_the_cap_are_closed_at_once_and_a_freed_place_is_taken_
     let (answer, mut send) = open(&again).await;
     send.send_data(request("alice"), true).unwrap();
     assert_eq!(status(answer).await.0, "0");
+}
+
+#[tokio::test]
+async fn a_full_listener_closes_its_idlest_connection_to_let_a_new_client_in() {
+    let inbound = InboundOptions {
+        grpc_max_connections: 3,
+        ..InboundOptions::default()
+    };
+    let server = server(IntakeOptions::default(), inbound).await;
+    let (idle, idle_driving) = connect(server.grpc).await;
+    let (used, _used_driving) = connect(server.grpc).await;
+    let (pinging, mut pinging_driving) = ping_every(server.grpc, Duration::from_millis(200)).await;
+    // The idle connection spoke last before `ROOM_AFTER`; the used one keeps calling; the
+    // pinging one is as idle as the first at the request level, opened later.
+    let calls_until = Instant::now() + Duration::from_millis(1_500);
+    while Instant::now() < calls_until {
+        let (answer, mut send) = open(&used).await;
+        send.send_data(request("alice"), true).unwrap();
+        assert_eq!(status(answer).await.0, "0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (newcomer, _newcomer_driving) = connect(server.grpc).await;
+    let (answer, mut send) = open(&newcomer).await;
+    send.send_data(request("bob"), true).unwrap();
+    assert_eq!(status(answer).await.0, "0");
+    tokio::time::timeout(Duration::from_secs(5), idle_driving)
+        .await
+        .expect("the idlest connection is closed")
+        .unwrap();
+    assert_eq!(
+        metric(server.http, "tollgate_connections_closed_total", "room").await,
+        1.0
+    );
+    // The others are still served.
+    let (answer, mut send) = open(&used).await;
+    send.send_data(request("alice"), true).unwrap();
+    assert_eq!(status(answer).await.0, "0");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut pinging_driving)
+            .await
+            .is_err(),
+        "the pinging connection is still open"
+    );
+    drop((idle, pinging));
+}
+
+/// An HTTP/2 connection to `addr` that sends a PING every `every` and nothing else, and the
+/// task that drives it (finished once the server has closed it).
+async fn ping_every(addr: SocketAddr, every: Duration) -> (Client, tokio::task::JoinHandle<()>) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (client, mut connection) = h2::client::handshake(tcp).await.unwrap();
+    let mut pings = connection.ping_pong().unwrap();
+    let driving = tokio::spawn(async move {
+        let mut connection = std::pin::pin!(connection);
+        loop {
+            tokio::select! {
+                _ = &mut connection => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            let pong = pings.ping(h2::Ping::opaque());
+            tokio::select! {
+                _ = &mut connection => return,
+                answered = pong => if answered.is_err() { return },
+            }
+        }
+    });
+    (client, driving)
 }
 
 #[tokio::test]

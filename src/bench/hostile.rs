@@ -50,9 +50,14 @@ pub struct HostileArgs {
     #[arg(long, default_value_t = 1)]
     pub descriptors: usize,
 
-    /// slow-body: bytes of the message sent (its prefix declares one more).
+    /// slow-body: bytes of the message sent (its prefix declares one more, or --declares).
     #[arg(long, default_value_t = 1024 * 1024 - 1)]
     pub bytes: usize,
+
+    /// slow-body: the message length its prefix declares, when not --bytes plus one (a
+    /// message declared large and never sent: `--bytes 0 --declares 1048576`).
+    #[arg(long)]
+    pub declares: Option<u32>,
 
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
@@ -395,7 +400,11 @@ async fn one_stream(
     match args.attack {
         Attack::SlowBody => {
             let mut body = vec![0u8; 5 + args.bytes];
-            body[1..5].copy_from_slice(&u32::try_from(args.bytes + 1)?.to_be_bytes());
+            let declared = match args.declares {
+                Some(declared) => declared,
+                None => u32::try_from(args.bytes + 1)?,
+            };
+            body[1..5].copy_from_slice(&declared.to_be_bytes());
             send.send_data(Bytes::from(body), false)?;
         }
         Attack::ZeroWindow => send.send_data(grpc_message(&attack_request(args)), true)?,

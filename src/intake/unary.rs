@@ -39,14 +39,17 @@ impl Intake {
         let deadline = tokio::time::sleep(self.timeout);
         tokio::pin!(deadline);
         loop {
-            let held = message.reserve();
+            let held = message.needed();
             if held > self.budget {
                 return Err(Refusal::Bytes);
             }
             // Until its bytes fit the budget the stream is not read: its client's window
-            // stays shut (HTTP/2 flow control), so waiting costs no more than it holds.
+            // stays shut (HTTP/2 flow control), so waiting costs no more than it holds. The
+            // room is made once charged, never before: what a client declares costs nothing
+            // until the budget has it.
             let next = async {
                 charge.wait_for(&self.bytes, held).await?;
+                message.reserve();
                 Ok(std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await)
             };
             let next = tokio::select! {
@@ -82,10 +85,20 @@ impl Unary {
         self.bytes.len() + self.first.as_ref().map_or(0, Bytes::len)
     }
 
-    /// Makes room for the whole message once its prefix says how long it is, and returns the
-    /// bytes the message holds, room included: what it is charged for. One reservation, so
-    /// that a message held while it trickles in is never twice its size in memory.
-    fn reserve(&mut self) -> usize {
+    /// The bytes the message will hold once its room is made (`reserve`): the whole message
+    /// once its prefix says how long it is, else what it holds. What it is charged for.
+    fn needed(&self) -> usize {
+        let whole = declared_length(self.whole()).map(|declared| PREFIX + declared.min(self.limit));
+        whole
+            .unwrap_or(0)
+            .max(self.bytes.capacity())
+            .max(self.held())
+    }
+
+    /// Makes room for the whole message once its prefix says how long it is (charged
+    /// first, as `needed`). One reservation, so that a message held while it trickles in is
+    /// never twice its size in memory.
+    fn reserve(&mut self) {
         if let Some(declared) = declared_length(self.whole()) {
             if let Some(first) = self.first.take() {
                 self.bytes.extend_from_slice(&first);
@@ -93,7 +106,6 @@ impl Unary {
             let whole = PREFIX + declared.min(self.limit);
             self.bytes.reserve(whole.saturating_sub(self.bytes.len()));
         }
-        self.bytes.capacity().max(self.held())
     }
 
     /// Takes the body's next frame (or its end); the message once it is whole.

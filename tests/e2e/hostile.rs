@@ -22,6 +22,11 @@ const FILES: u32 = 12_000;
 /// `tollgate <args>` with the soft file limit raised to `FILES` (within the hard limit, which
 /// needs no privilege), stderr to `log`.
 fn tollgate_with_files(args: &[&str], log: &Path) -> ChildGuard {
+    tollgate_limited(args, log, "")
+}
+
+/// `tollgate_with_files`, with more limits (`&& ulimit -d 614400`: 600 MiB of data).
+fn tollgate_limited(args: &[&str], log: &Path, more_limits: &str) -> ChildGuard {
     let hard: u32 = std::fs::read_to_string("/proc/self/limits")
         .unwrap()
         .lines()
@@ -34,7 +39,10 @@ fn tollgate_with_files(args: &[&str], log: &Path) -> ChildGuard {
     );
     let log = std::fs::File::create(log).unwrap();
     let child = Command::new("sh")
-        .args(["-c", &format!("ulimit -n {FILES} && exec \"$0\" \"$@\"")])
+        .args([
+            "-c",
+            &format!("ulimit -n {FILES} {more_limits} && exec \"$0\" \"$@\""),
+        ])
         .arg(env!("CARGO_BIN_EXE_tollgate"))
         .args(args)
         .stdout(Stdio::null())
@@ -46,11 +54,16 @@ fn tollgate_with_files(args: &[&str], log: &Path) -> ChildGuard {
 
 /// `tollgate serve` on the rules above with its defaults, and its gRPC and HTTP addresses.
 async fn serve(dir: &Path) -> (ChildGuard, SocketAddr, SocketAddr) {
+    serve_limited(dir, "").await
+}
+
+/// `serve` under more limits (as `tollgate_limited` takes them).
+async fn serve_limited(dir: &Path, more_limits: &str) -> (ChildGuard, SocketAddr, SocketAddr) {
     let (grpc, http) = (free_port(), free_port());
     let config = dir.join("config");
     std::fs::create_dir_all(&config).unwrap();
     std::fs::write(config.join("h.yaml"), RULES).unwrap();
-    let server = tollgate_with_files(
+    let server = tollgate_limited(
         &[
             "serve",
             "--config",
@@ -63,6 +76,7 @@ async fn serve(dir: &Path) -> (ChildGuard, SocketAddr, SocketAddr) {
             "warn",
         ],
         &dir.join("server.log"),
+        more_limits,
     );
     let http = SocketAddr::from(([127, 0, 0, 1], http));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -75,21 +89,42 @@ async fn serve(dir: &Path) -> (ChildGuard, SocketAddr, SocketAddr) {
 
 /// `tollgate bench-hostile` with `attack` on `target`, connections opened again when closed.
 fn attack(dir: &Path, target: SocketAddr, attack: &str, connections: usize) -> ChildGuard {
-    tollgate_with_files(
-        &[
-            "bench-hostile",
-            "--target",
-            &target.to_string(),
-            "--attack",
-            attack,
-            "--connections",
-            &connections.to_string(),
-            "--duration",
-            "300s",
-            "--reconnect",
-        ],
-        &dir.join(format!("{attack}.log")),
-    )
+    attack_with(dir, target, attack, connections, &[])
+}
+
+/// `attack` with more of bench-hostile's flags.
+fn attack_with(
+    dir: &Path,
+    target: SocketAddr,
+    attack: &str,
+    connections: usize,
+    more: &[&str],
+) -> ChildGuard {
+    let connections = connections.to_string();
+    let target = target.to_string();
+    let mut args = vec![
+        "bench-hostile",
+        "--target",
+        &target,
+        "--attack",
+        attack,
+        "--connections",
+        &connections,
+        "--duration",
+        "300s",
+        "--reconnect",
+    ];
+    args.extend_from_slice(more);
+    tollgate_with_files(&args, &dir.join(format!("{attack}.log")))
+}
+
+/// A process's virtual memory (`VmSize`), in KiB; `None` once it has exited.
+fn virtual_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("VmSize:"))
+        .and_then(|size| size.trim().trim_end_matches(" kB").parse().ok())
 }
 
 /// Waits (up to 120 s) until `listener` holds `count` connections.
@@ -184,5 +219,46 @@ async fn a_thousand_slowloris_clients_on_the_admin_port_leave_the_probes_answere
     assert!(
         slowest < Duration::from_millis(100),
         "the slowest probe took {slowest:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_declared_large_and_never_sent_cost_at_most_the_read_budget() {
+    const BUDGET_KIB: u64 = 64 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    // 600 MiB of data: 512 messages of a declared MiB each would not fit if declaring were
+    // enough to have room made for them.
+    let (server, grpc, http) = serve_limited(dir.path(), "&& ulimit -d 614400").await;
+    let pid = server.0.id();
+    let alive = |pid| virtual_kib(pid).expect("tollgate died under the attack");
+    let before = alive(pid);
+    let _attack = attack_with(
+        dir.path(),
+        grpc,
+        "slow-body",
+        2,
+        &["--streams", "256", "--bytes", "0", "--declares", "1048576"],
+    );
+    let mut peak = before;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        peak = peak.max(alive(pid));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut client = tollgate::pb::RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let answer = client
+        .should_rate_limit(request("h", &[&[("user", "alice")]]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.overall_code, 1, "the process lives and answers");
+    assert_eq!(readyz_status(http).await, Some(200));
+    let grown = peak.saturating_sub(before);
+    eprintln!("virtual memory {before} KiB, peak {peak} KiB: grew {grown} KiB");
+    assert!(
+        grown <= BUDGET_KIB,
+        "virtual memory grew {grown} KiB, more than the read budget ({BUDGET_KIB} KiB)"
     );
 }

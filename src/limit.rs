@@ -82,6 +82,8 @@ pub struct Limit {
     pub lease: Lease,
     /// What a charge on it is: an admission, usage already spent, or a reservation.
     pub charges: Charges,
+    /// Whether a client's refund (`is_negative_hits`) gives back on it.
+    pub refunds: Refunds,
 }
 
 /// A rule's `lease`: whether a replica that sees its counter busy may lease part of its
@@ -99,6 +101,26 @@ pub enum Lease {
 
 impl Lease {
     pub const NAMES: [(&'static str, Lease); 2] = [("auto", Lease::Auto), ("off", Lease::Off)];
+}
+
+/// A rule's `refunds`: whether a client's refund (Envoy's `is_negative_hits`) gives back on
+/// its counter. Any client of the gRPC port can send one for any key, so an operator who
+/// does not use refunds refuses them (docs/budgets.md, "Refunds").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Refunds {
+    /// As `--refunds` says.
+    #[default]
+    AsConfigured,
+    /// Given back, never more than the counter holds in its current window.
+    Allow,
+    /// Answered with the counter as it is, changing nothing, and counted
+    /// (`tollgate_refunds_total{outcome="refused"}`).
+    Refuse,
+}
+
+impl Refunds {
+    pub const NAMES: [(&'static str, Refunds); 2] =
+        [("allow", Refunds::Allow), ("refuse", Refunds::Refuse)];
 }
 
 /// A rule's `charges`: what a charge (hits that are not a refund) on its counter is. Envoy
@@ -148,6 +170,7 @@ impl Limit {
             algorithm: Algorithm::default(),
             lease: Lease::AsConfigured,
             charges: Charges::AsConfigured,
+            refunds: Refunds::AsConfigured,
         }
     }
 

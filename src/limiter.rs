@@ -84,6 +84,22 @@ pub struct Modes {
     /// a rejected request consumes nothing.
     #[arg(long = "count-denied", env = "TOLLGATE_COUNT_DENIED", num_args = 0..=1, default_value = "false", default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub count_denied: bool,
+    /// Whether clients' refunds (Envoy's `is_negative_hits`) give back, on the rules that do
+    /// not say (`refunds`). Any client of the gRPC port may send one for any key: refuse them
+    /// where no data plane is configured to send them, or let only trusted clients reach the
+    /// port (mutual TLS).
+    #[arg(long = "refunds", env = "TOLLGATE_REFUNDS", value_enum, default_value_t = RefundPolicy::Allow)]
+    pub refunds: RefundPolicy,
+}
+
+/// `--refunds`: what a client's refund does on the rules that do not say.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefundPolicy {
+    /// Given back, never more than the counter holds in its window.
+    #[default]
+    Allow,
+    /// Answered with the counter as it is, changing nothing, and counted.
+    Refuse,
 }
 
 pub struct RateLimiter {
@@ -334,7 +350,7 @@ impl RateLimiter {
                 descriptor: index,
                 key: keys::counter_key(&request.domain, entries.iter().copied(), &limit.params()),
                 params: limit.params(),
-                hits: descriptor.hits,
+                hits: self.hits_of(limit, role, descriptor.hits),
                 role,
                 charge: self.charge_of(limit, role),
                 lease: limit.lease,

@@ -11,7 +11,7 @@ use super::error::ConfigError;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
 use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters, leased};
 use crate::clock::Micros;
-use crate::limit::{Charges, Lease, Limit, Unit};
+use crate::limit::{Charges, Lease, Limit, Refunds, Unit};
 use crate::rules::Policy;
 
 /// The longest window, ten years: far beyond any real limit, far below overflow.
@@ -167,6 +167,7 @@ impl Spec<'_> {
             ("anchor", raw.anchor.as_ref().map(|s| s.referenced.line())),
             ("lease", raw.lease.as_ref().map(|s| s.referenced.line())),
             ("charges", raw.charges.as_ref().map(|s| s.referenced.line())),
+            ("refunds", raw.refunds.as_ref().map(|s| s.referenced.line())),
         ];
         match fields
             .into_iter()
@@ -197,11 +198,38 @@ impl Spec<'_> {
             algorithm: Algorithm::default(),
             lease: Lease::AsConfigured,
             charges: Charges::AsConfigured,
+            refunds: Refunds::AsConfigured,
         };
         limit.algorithm = self.algorithm(&limit)?;
         limit.lease = self.lease(&limit)?;
         limit.charges = self.charges(&limit)?;
+        limit.refunds = self.refunds()?;
         Ok(limit)
+    }
+
+    /// `refunds`: allow or refuse a client's refunds on this rule.
+    fn refunds(&self) -> Result<Refunds, ConfigError> {
+        let Some(refunds) = &self.raw.refunds else {
+            return Ok(Refunds::AsConfigured);
+        };
+        match Refunds::NAMES
+            .iter()
+            .find(|(name, _)| *name == refunds.value)
+        {
+            Some((_, parsed)) => Ok(*parsed),
+            None => {
+                let names: Vec<&str> = Refunds::NAMES.iter().map(|(name, _)| *name).collect();
+                Err(self.error(
+                    refunds.referenced.line(),
+                    "refunds",
+                    format!(
+                        "expected one of {}, got {:?}",
+                        names.join("|"),
+                        refunds.value
+                    ),
+                ))
+            }
+        }
     }
 
     /// `charges`: a concurrency limit's takes are reservations (a refused take holds

@@ -57,6 +57,7 @@ pub(super) struct RawRateLimit {
     pub(super) anchor: Option<Spanned<String>>,
     pub(super) lease: Option<Spanned<String>>,
     pub(super) charges: Option<Spanned<String>>,
+    pub(super) refunds: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -203,7 +204,7 @@ fn unclosed_bracket(text: &str, until: Option<u64>) -> Option<(u64, char)> {
 /// element and the fields in `SPANNED_FIELDS` are `Spanned`, so a `value` right after them is
 /// the wrapper's, not a YAML key.
 fn yaml_path(path: &serde_path_to_error::Path) -> String {
-    const SPANNED_FIELDS: [&str; 15] = [
+    const SPANNED_FIELDS: [&str; 16] = [
         "domain",
         "key",
         "value",
@@ -219,6 +220,7 @@ fn yaml_path(path: &serde_path_to_error::Path) -> String {
         "anchor",
         "lease",
         "charges",
+        "refunds",
     ];
     use serde_path_to_error::Segment;
     let mut out = String::new();

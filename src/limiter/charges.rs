@@ -2,9 +2,9 @@
 //! full whatever happens) or only when the request is admitted (an admission), from its
 //! limit's `charges`, `--count-denied`, and whether its request settles a stream.
 
-use super::RateLimiter;
+use super::{RateLimiter, RefundPolicy};
 use crate::algorithm::{Algorithm, Charge};
-use crate::limit::{Charges, Limit};
+use crate::limit::{Charges, Limit, Refunds};
 use crate::storage::{Hit, Role};
 
 impl RateLimiter {
@@ -21,6 +21,22 @@ impl RateLimiter {
             Charges::AsConfigured if self.modes.count_denied => Charge::Always,
             Charges::AsConfigured => Charge::IfAllowed,
         }
+    }
+
+    /// The hits a hit on `limit` carries: `asked`, but none for a refund its rule (or
+    /// `--refunds`) refuses, which then only reads the counter and changes nothing. Each
+    /// refund is counted, given or refused.
+    pub(super) fn hits_of(&self, limit: &Limit, role: Role, asked: u64) -> u64 {
+        if role != Role::Refund {
+            return asked;
+        }
+        let given = match limit.refunds {
+            Refunds::Allow => true,
+            Refunds::Refuse => false,
+            Refunds::AsConfigured => self.modes.refunds == RefundPolicy::Allow,
+        };
+        self.metrics.service.count_refund(given);
+        if given { asked } else { 0 }
     }
 
     /// A request that gives back on a counter and charges it too settles a stream: the refund

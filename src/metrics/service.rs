@@ -20,6 +20,7 @@ pub struct ServiceMetrics {
     decisions_ok: Counter,
     decisions_over: Counter,
     decision_seconds: Histogram,
+    refunds: Family<Labels, Counter>,
     /// The reference's response time series, when its series are served
     /// (`--metrics-reference-series`).
     pub(super) reference_time: std::sync::OnceLock<ResponseTime>,
@@ -45,6 +46,7 @@ impl Default for ServiceMetrics {
             decisions,
             // 10 µs to ~5 s.
             decision_seconds: Histogram::new(exponential_buckets(1e-5, 2.0, 20)),
+            refunds: Family::default(),
             reference_time: std::sync::OnceLock::new(),
         }
     }
@@ -66,6 +68,11 @@ impl ServiceMetrics {
             "decisions",
             "Decisions by overall code",
             self.decisions.clone(),
+        );
+        registry.register(
+            "refunds",
+            "Refunds clients asked for (is_negative_hits), one per limit, by outcome: given (back to the counter, never more than it holds in its window) or refused (--refunds refuse, or the rule's refunds: refuse)",
+            self.refunds.clone(),
         );
         registry.register(
             "decision_duration_seconds",
@@ -96,6 +103,12 @@ impl ServiceMetrics {
             false => self.decisions_ok.inc(),
             true => self.decisions_over.inc(),
         };
+    }
+
+    /// One refund asked for on one limit: given, or refused.
+    pub fn count_refund(&self, given: bool) {
+        let outcome = if given { "given" } else { "refused" };
+        self.refunds.get_or_create(&label("outcome", outcome)).inc();
     }
 
     pub fn observe_decision(&self, took: Duration) {

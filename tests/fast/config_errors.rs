@@ -29,7 +29,7 @@ macro_rules! config_error {
 
 config_error! {
     unknown_key => "api.yaml:4: descriptors[0].ratelimit: unknown field `ratelimit`, expected one of key, value, rate_limit, rate_limits, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, descriptors";
-    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor, lease, charges";
+    unknown_rate_limit_key => "api.yaml:6: descriptors[0].rate_limit.requestsperunit: unknown field `requestsperunit`, expected one of unit, requests_per_unit, unlimited, name, replaces, algorithm, unit_multiplier, burst, min_interval, anchor, lease, charges, refunds";
     yaml_syntax => "api.yaml:4: descriptors[0]: invalid indentation in multiline quoted scalar";
     missing_domain => "api.yaml:1: domain: missing; every file names its domain";
     empty_domain => "api.yaml:1: domain: must not be empty";
@@ -74,6 +74,7 @@ config_error! {
     unclosed_bracket => "api.yaml:1: domain: the \"[\" on this line is never closed: end it with \"]\" (the YAML parser found: expected a single value (text), got a list or a map)";
     list_for_a_string => "api.yaml:1: domain: expected a single value (text), got a list or a map";
     bad_charges => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: expected one of admission|usage|reserve, got \"after\"";
+    bad_refunds => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.refunds: expected one of allow|refuse, got \"never\"";
     reserve_without_a_name => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: charges: reserve needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back";
     concurrency_without_a_name => "api.yaml:7: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.algorithm: a concurrency limit needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back";
     concurrency_charged_as_usage => "api.yaml:9: domain \"api\" > descriptors[0] (key \"tenant\") > rate_limit.charges: a concurrency limit's takes are reservations: leave charges out, or write reserve";

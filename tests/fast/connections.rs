@@ -261,10 +261,17 @@ async fn a_full_listener_closes_its_idlest_connection_to_let_a_new_client_in() {
     let (answer, mut send) = open(&newcomer).await;
     send.send_data(request("bob"), true).unwrap();
     assert_eq!(status(answer).await.0, "0");
-    tokio::time::timeout(Duration::from_secs(5), idle_driving)
-        .await
-        .expect("the idlest connection is closed")
-        .unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), idle_driving).await;
+    let metrics = get(server.http, "/metrics", &[]).await.body;
+    let connections: Vec<&str> = metrics
+        .lines()
+        .filter(|line| line.starts_with("tollgate_connections"))
+        .collect();
+    assert!(
+        closed.is_ok(),
+        "the idlest connection is still open: {connections:#?}, pinging closed: {}",
+        pinging_driving.is_finished()
+    );
     assert_eq!(
         metric(server.http, "tollgate_connections_closed_total", "room").await,
         1.0

@@ -198,7 +198,76 @@ pub(crate) async fn the_requests_hits_addend_is_the_refund_and_modes_keep_their_
     );
 }
 
+const REFUSING: &str = r#"
+domain: refunds
+descriptors:
+  - key: refused
+    rate_limit: {unit: minute, requests_per_unit: 10, refunds: refuse}
+  - key: allowed
+    rate_limit: {unit: minute, requests_per_unit: 10, refunds: allow}
+  - key: as_configured
+    rate_limit: {unit: minute, requests_per_unit: 10}
+"#;
+
+/// A refund of 10^9: as much as a hostile client may ask for.
+const HUGE: u32 = 1_000_000_000;
+
+pub(crate) async fn refused_refunds_change_nothing_and_allowed_ones_never_give_more_than_was_charged(
+    store: StoreKind,
+) {
+    for refuse_all in [false, true] {
+        let mut options = tollgate::server::Options::default();
+        if refuse_all {
+            options.modes.refunds = tollgate::limiter::RefundPolicy::Refuse;
+        }
+        let server = start_with(
+            &[("refunds.yaml", REFUSING)],
+            Setup {
+                store,
+                options,
+                ..Setup::default()
+            },
+        )
+        .await;
+        let given_back = |key| key == "allowed" || (key == "as_configured" && !refuse_all);
+        for key in ["refused", "allowed", "as_configured"] {
+            let spend = |hits| part(key, hits, false);
+            let refund = |hits| part(key, hits, true);
+            assert_eq!(ask(&server, vec![spend(3)]).await, (OK, vec![(OK, 7)]));
+            // Refunds of anything up to 10^9: back to a full budget at most, or nothing.
+            let after = if given_back(key) { 10 } else { 7 };
+            assert_eq!(
+                ask(&server, vec![refund(HUGE)]).await,
+                (OK, vec![(OK, after)]),
+                "{key} with --refunds {}",
+                if refuse_all { "refuse" } else { "allow" }
+            );
+            assert_eq!(
+                ask(&server, vec![spend(after)]).await,
+                (OK, vec![(OK, 0)]),
+                "{key}: the budget, not more"
+            );
+            assert_eq!(
+                ask(&server, vec![spend(1)]).await,
+                (OVER, vec![(OVER, 0)]),
+                "{key}: over"
+            );
+        }
+        let refused = if refuse_all { 2.0 } else { 1.0 };
+        assert_eq!(
+            common::rlqs::metric(server.http, "tollgate_refunds_total", "outcome=\"refused\"")
+                .await,
+            refused
+        );
+        assert_eq!(
+            common::rlqs::metric(server.http, "tollgate_refunds_total", "outcome=\"given\"").await,
+            3.0 - refused
+        );
+    }
+}
+
 on_every_store!(
+    refused_refunds_change_nothing_and_allowed_ones_never_give_more_than_was_charged,
     spend_refund_and_spend_again_exactly,
     a_refund_in_a_vetoed_request_still_gives_back,
     the_requests_hits_addend_is_the_refund_and_modes_keep_their_meaning

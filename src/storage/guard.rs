@@ -14,8 +14,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use super::{CounterStore, Hit, StoreError};
 use crate::algorithm::Outcome;
 
-/// Consecutive failures that open the breaker.
+/// Consecutive failures that open the breaker, when they span `TRIP_SPAN` at least.
 const TRIP_AFTER: u32 = 5;
+/// The shortest run of failures that opens the breaker: longer than one stall of the store
+/// lasting about its call timeout takes to fail the calls it caught (those in flight, all at
+/// once), so that such a blip fails only them and not every call for `OPEN_FOR` after.
+const TRIP_SPAN: Duration = Duration::from_millis(250);
 /// How long an open breaker fails fast before it lets a trial call through.
 const OPEN_FOR: Duration = Duration::from_millis(500);
 
@@ -69,6 +73,8 @@ pub struct Guarded {
 #[derive(Default)]
 struct Breaker {
     failures: u32,
+    /// When the first of `failures` came.
+    since: Option<Instant>,
     /// Open: calls fail fast until then.
     open_until: Option<Instant>,
 }
@@ -112,9 +118,11 @@ impl Guarded {
         if ok {
             *breaker = Breaker::default();
         } else {
+            let now = Instant::now();
             breaker.failures = breaker.failures.saturating_add(1);
-            if breaker.failures >= TRIP_AFTER {
-                breaker.open_until = Some(Instant::now() + OPEN_FOR);
+            let since = *breaker.since.get_or_insert(now);
+            if breaker.failures >= TRIP_AFTER && now.duration_since(since) >= TRIP_SPAN {
+                breaker.open_until = Some(now + OPEN_FOR);
             }
         }
     }
@@ -292,7 +300,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_success_resets_the_failures_and_the_breaker_opens_after_five_in_a_row() {
+    async fn a_success_resets_the_failures_and_the_breaker_opens_after_five_in_a_row_over_a_span() {
         let (inner, guarded, took) = guarded();
         let call = || guarded.apply(&[]);
         assert!(call().await.is_ok());
@@ -303,12 +311,16 @@ mod tests {
         inner.failing.store(false, Ordering::Relaxed);
         assert!(call().await.is_ok());
         inner.failing.store(true, Ordering::Relaxed);
-        for _ in 0..TRIP_AFTER {
+        // Ten failures at once (a stall failing the calls it caught): still closed.
+        for _ in 0..TRIP_AFTER * 2 {
             assert!(matches!(call().await, Err(StoreError::Unavailable(_))));
         }
+        // Failing still, past the span: the next failure opens it.
+        tokio::time::sleep(TRIP_SPAN + Duration::from_millis(20)).await;
+        assert!(matches!(call().await, Err(StoreError::Unavailable(_))));
         // Open: the call fails fast without reaching the store, and is not timed.
         assert!(matches!(call().await, Err(StoreError::CircuitOpen)));
-        let reached = 1 + (TRIP_AFTER - 1) + 1 + TRIP_AFTER;
+        let reached = 1 + (TRIP_AFTER - 1) + 1 + TRIP_AFTER * 2 + 1;
         assert_eq!(inner.calls.load(Ordering::Relaxed), reached);
         assert_eq!(observations(&took), u64::from(reached));
     }
@@ -328,7 +340,7 @@ mod tests {
             guarded.apply(&[]).await.is_ok(),
             "the breaker stayed closed"
         );
-        // Four failures, a moving slot in between: the fifth still opens the breaker.
+        // Four failures, a moving slot in between: the fifth, past the span, still opens it.
         inner.failing.store(true, Ordering::Relaxed);
         for _ in 0..TRIP_AFTER - 1 {
             assert!(guarded.apply(&[]).await.is_err());
@@ -339,6 +351,7 @@ mod tests {
             Err(StoreError::Moving(_))
         ));
         inner.moving.store(false, Ordering::Relaxed);
+        tokio::time::sleep(TRIP_SPAN + Duration::from_millis(20)).await;
         assert!(matches!(
             guarded.apply(&[]).await,
             Err(StoreError::Unavailable(_))

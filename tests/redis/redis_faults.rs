@@ -194,6 +194,65 @@ async fn a_store_call_waits_what_remains_of_its_caller_s_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalls_as_long_as_the_store_timeout_fail_the_calls_they_catch_and_never_open_the_breaker()
+{
+    let mut server = start_with_policy(OnStoreError::Unavailable).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Eight callers, each user new (a store call every time, none answered by the deny cache).
+    let mut clients = Vec::new();
+    for _ in 0..8 {
+        clients.push(server.client().await);
+    }
+    let callers: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(caller, mut client)| {
+            let stop = std::sync::Arc::clone(&stop);
+            tokio::spawn(async move {
+                let (mut answered, mut failed) = (0, 0);
+                for call in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    match client
+                        .should_rate_limit(user(&format!("{caller}-{call}")))
+                        .await
+                    {
+                        Ok(_) => answered += 1,
+                        Err(_) => failed += 1,
+                    }
+                }
+                (answered, failed)
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let resumed = redis(&mut server).pause_for(STORE_TIMEOUT);
+        tokio::task::spawn_blocking(move || resumed.join().unwrap())
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut answered, mut failed) = (0, 0);
+    for caller in callers {
+        let (one_answered, one_failed) = caller.await.unwrap();
+        answered += one_answered;
+        failed += one_failed;
+    }
+    eprintln!("{answered} answered, {failed} failed over 20 stalls");
+    assert!(
+        answered > 0 && failed > 0,
+        "{answered} answered, {failed} failed"
+    );
+    let metric =
+        |kind: &'static str| common::rlqs::metric(server.http, "tollgate_store_errors_total", kind);
+    assert_eq!(metric("kind=\"circuit_open\"").await, 0.0);
+    assert_eq!(metric("kind=\"timeout\"").await, f64::from(failed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_redis_with_allow_answers_ok_marked_in_a_header() {
     stopped_redis(OnStoreError::Allow, |answer| {
         let response = answer.unwrap();

@@ -66,6 +66,8 @@ struct State {
     waiting: AtomicUsize,
     /// When its last request came (ms since its roll's start), or when it opened.
     active: AtomicU64,
+    /// Its streams that last (RLQS), open now.
+    streams: AtomicUsize,
     /// `OPEN`, or why the connection is to close (an index into `REASONS`).
     closing: AtomicU8,
     waker: AtomicWaker,
@@ -77,6 +79,15 @@ const REASONS: [&str; 4] = ["", "slow_client", "over_bound", "room"];
 const SLOW_CLIENT: u8 = 1;
 const OVER_BOUND: u8 = 2;
 const ROOM: u8 = 3;
+
+/// A lasting stream counted as open on its connection until dropped.
+pub struct StreamOpen(Arc<State>);
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// A request counted as waiting on its connection until dropped.
 pub struct Waiting(Arc<State>);
@@ -113,6 +124,7 @@ impl Roll {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             waiting: AtomicUsize::new(0),
             active: AtomicU64::new(self.millis()),
+            streams: AtomicUsize::new(0),
             closing: AtomicU8::new(OPEN),
             waker: AtomicWaker::new(),
         });
@@ -223,6 +235,17 @@ impl Conduct {
             .active
             .store(self.roll.millis(), Ordering::Relaxed);
         Waiting(Arc::clone(&self.state))
+    }
+
+    /// Counts a lasting stream (RLQS) as open on this connection until the guard drops.
+    pub fn stream_open(&self) -> StreamOpen {
+        self.state.streams.fetch_add(1, Ordering::Relaxed);
+        StreamOpen(Arc::clone(&self.state))
+    }
+
+    /// Lasting streams open on this connection now.
+    pub fn streams_now(&self) -> usize {
+        self.state.streams.load(Ordering::Relaxed)
     }
 
     /// Requests waiting on this connection now.

@@ -166,6 +166,7 @@ async fn read_reports(
     mut ended: oneshot::Receiver<()>,
 ) {
     let _forget = Forget(&registry, id);
+    let _open = conduct.as_ref().map(Conduct::stream_open);
     loop {
         let message = tokio::select! {
             message = reports.message() => message,
@@ -175,11 +176,14 @@ async fn read_reports(
             Ok(Some(report)) => {
                 if let Err(error) = take_report(&registry, id, report).await {
                     tracing::debug!(%error, "RLQS stream refused");
-                    // Past a bound of the whole service, the client loses its connection
-                    // too (once the refusal has had time to reach it), and its listener
-                    // pauses: reconnecting to fill the service again costs it more than it
-                    // costs tollgate.
-                    if let (ReportError::Full(_), Some(conduct)) = (&error, conduct) {
+                    // Past a bound of the whole service, a client whose connection carries
+                    // this stream alone loses it too (once the refusal has had time to reach
+                    // it), and its listener pauses: reconnecting to fill the service again
+                    // costs it more than it costs tollgate. Streams beside it on the same
+                    // connection are another caller's, served as before.
+                    if let (ReportError::Full(_), Some(conduct)) = (&error, conduct)
+                        && conduct.streams_now() <= 1
+                    {
                         tokio::spawn(async move {
                             tokio::time::sleep(REFUSAL_FLUSH).await;
                             conduct.close();

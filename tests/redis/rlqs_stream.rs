@@ -45,9 +45,14 @@ struct Stream {
 
 impl Stream {
     async fn open(server: &TestServer) -> Self {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        let client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
             .await
             .unwrap();
+        Self::open_on(client).await
+    }
+
+    /// A stream on `client`'s connection (a clone of a client shares its connection).
+    async fn open_on(mut client: RateLimitQuotaServiceClient<tonic::transport::Channel>) -> Self {
         let (reports, inbox) = mpsc::channel(16);
         let outgoing = futures_util::stream::unfold(inbox, |mut inbox| async move {
             inbox.recv().await.map(|report| (report, inbox))
@@ -404,6 +409,37 @@ async fn demand_is_shared_through_redis_and_a_stopped_replica_drops_out() {
     // The hash expires with its last stream's stale time, twice over.
     let ttl: i64 = redis.query(&["PTTL", "bucket"]).parse().unwrap();
     assert!((1..=3000).contains(&ttl), "{ttl}");
+}
+
+#[tokio::test]
+async fn a_stream_refused_for_a_bound_leaves_the_streams_beside_it_on_its_connection_served() {
+    let server = server(QuotaOptions {
+        // A stream's share, a sixteenth: 300 bytes.
+        rlqs_max_bucket_bytes: 4_800,
+        rlqs_abandon_after: Duration::from_secs(60),
+        ..fast()
+    })
+    .await;
+    let client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let mut sibling = Stream::open_on(client.clone()).await;
+    sibling.report("quota", &[("api", 1, 0)]).await;
+    sibling.next().await.unwrap();
+    let mut large = Stream::open_on(client.clone()).await;
+    large.report("quota", &[(&"y".repeat(1_000), 1, 0)]).await;
+    let status = large.next().await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    // Past the time a lone stream's connection would have been closed in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sibling.report("quota", &[("closed", 1, 0)]).await;
+    assert!(matches!(
+        sibling.next_for("closed").await,
+        Given::DenyAll(_)
+    ));
+    let mut another = Stream::open_on(client).await;
+    another.report("quota", &[("open", 1, 0)]).await;
+    another.next().await.unwrap();
 }
 
 #[tokio::test]

@@ -13,8 +13,12 @@
 //! Bounded memory: each shard holds at most `max_keys / SHARDS` (rounded up) counters. A full
 //! shard first forgets the counters whose windows have ended (their state says nothing any
 //! more); when every counter it holds is still live, what happens to a new one is `WhenFull`'s:
-//! by default it is refused (`refusals`), so that no live counter is ever dropped, however
-//! many new keys a client sends; or the least recently used is evicted (`evictions`) by CLOCK,
+//! by default a *spare* counter is forgotten to make room (one whose last write left at least
+//! half its limit admissible: forgetting it lets its key be admitted at most half its limit
+//! more in that window), and only when none is spare is the new one refused (`refusals`), so
+//! that a flood of new keys, each spare, takes room from itself and not from everyone, and a
+//! counter near or over its limit is never dropped; or the least recently used is evicted
+//! (`evictions`) by CLOCK,
 //! an approximation of LRU: a use only marks a counter, and a hand sweeping the shard's
 //! entries unmarks marked counters and evicts the first unmarked one. The shard is an `IndexMap`, its entries one contiguous array: no
 //! allocation per counter and no list links to update per use (an LRU list costs two cache
@@ -79,8 +83,9 @@ impl Hasher for PassThrough {
 /// What a full memory store does with a new counter: flag `--memory-when-full`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum WhenFull {
-    /// Refuse it: the request fails as the store failing (`--on-store-error` decides), and no
-    /// live counter is ever dropped.
+    /// Forget a spare counter for it (one that admits at least half its limit still), else
+    /// refuse it: the request fails as the store failing (`--on-store-error` decides). No
+    /// counter near or over its limit is ever dropped.
     #[default]
     Refuse,
     /// Evict the least recently used counter, live or not: new keys are always counted, and a
@@ -119,10 +124,25 @@ struct Slot {
 }
 
 const USED: Micros = 1 << 63;
+/// In `stamp`, beside `USED`: the last write left at least half the counter's limit
+/// admissible (`WhenFull::Refuse` may forget it for a new counter).
+const SPARE: Micros = 1 << 62;
 
 impl Slot {
+    fn new(state: State, expires_at: Micros, spare: bool) -> Self {
+        let spare = if spare { SPARE } else { 0 };
+        Self {
+            state,
+            stamp: (expires_at & !(USED | SPARE)) | spare,
+        }
+    }
+
     fn expires_at(&self) -> Micros {
-        self.stamp & !USED
+        self.stamp & !(USED | SPARE)
+    }
+
+    fn is_spare(&self) -> bool {
+        self.stamp & SPARE != 0
     }
 
     fn mark_used(&mut self) {
@@ -195,6 +215,15 @@ impl Shard {
             .filter(|slot| slot.expires_at() > now)
             .map(|slot| &slot.state)
     }
+}
+
+/// A counter's state as a decision leaves it.
+pub struct Written {
+    pub state: State,
+    /// When it may be forgotten.
+    pub expires_at: Micros,
+    /// It admits at least half its limit still (see the module docs).
+    pub spare: bool,
 }
 
 /// The shards, their bound, and what they count.
@@ -321,23 +350,48 @@ impl CounterMap {
         match self.when_full {
             WhenFull::EvictLeastRecent => true,
             WhenFull::Refuse => {
-                self.refusals_metric.inc();
-                false
+                while !fits(shard) {
+                    if !self.forget_spare(shard) {
+                        self.refusals_metric.inc();
+                        return false;
+                    }
+                }
+                true
             }
         }
+    }
+
+    /// Forgets one spare counter of a full shard, the first from the hand on: whether one
+    /// was. A flood of new keys makes only spare counters, so the search is short while it
+    /// lasts; with none spare it reads the shard once.
+    fn forget_spare(&self, shard: &mut Shard) -> bool {
+        let held = shard.counters.len();
+        for step in 0..held {
+            let index = (shard.hand + step) % held;
+            let spare = shard
+                .counters
+                .get_index(index)
+                .is_some_and(|(_, slot)| slot.is_spare());
+            if spare {
+                shard.counters.swap_remove_index(index);
+                shard.hand = index;
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                self.evictions_metric.inc();
+                self.keys_metric.dec();
+                return true;
+            }
+        }
+        false
     }
 
     /// Puts a counter's state into its (locked) shard, evicting one first when the shard is
     /// full (`has_room` said whether it may). A counter held already stays marked used; a new
     /// one is not, yet (see below).
-    pub fn store(&self, shard: &mut Shard, digest: Digest, state: State, expires_at: Micros) {
+    pub fn store(&self, shard: &mut Shard, digest: Digest, written: Written) {
         if let Some(index) = shard.counters.get_index_of(&digest) {
-            return self.replace_at(shard, index, state, expires_at);
+            return self.replace_at(shard, index, written);
         }
-        let slot = Slot {
-            state,
-            stamp: expires_at & !USED,
-        };
+        let slot = Slot::new(written.state, written.expires_at, written.spare);
         shard.earliest = shard.earliest.min(slot.expires_at());
         let hole = self.evict_one(shard);
         let (added, _) = shard.counters.insert_full(digest, slot);
@@ -350,11 +404,8 @@ impl CounterMap {
     }
 
     /// `store` for a counter held at `index` (from `use_index`, the shard unchanged since).
-    pub fn replace_at(&self, shard: &mut Shard, index: usize, state: State, expires_at: Micros) {
-        let mut slot = Slot {
-            state,
-            stamp: expires_at & !USED,
-        };
+    pub fn replace_at(&self, shard: &mut Shard, index: usize, written: Written) {
+        let mut slot = Slot::new(written.state, written.expires_at, written.spare);
         shard.earliest = shard.earliest.min(slot.expires_at());
         slot.mark_used();
         if let Some((_, held)) = shard.counters.get_index_mut(index) {
@@ -400,24 +451,57 @@ mod tests {
     fn eviction_takes_the_oldest_unused_counter_never_the_one_just_added() {
         let map = CounterMap::new(4 * SHARDS, WhenFull::EvictLeastRecent);
         let mut shard = Shard::default();
-        let state = || State::FixedWindow(fixed_window::State::default());
+        let state = || Written {
+            state: State::FixedWindow(fixed_window::State::default()),
+            expires_at: 60,
+            spare: true,
+        };
         let digest = |n: u64| Digest(n, n);
         for n in 0..4 {
-            map.store(&mut shard, digest(n), state(), 60);
+            map.store(&mut shard, digest(n), state());
         }
         // A full shard: each new counter takes the place of the oldest unused one, behind the
         // hand, so the counters added since wait their turn.
         for n in 4..7 {
-            map.store(&mut shard, digest(n), state(), 60);
+            map.store(&mut shard, digest(n), state());
         }
         let mut held: Vec<u64> = shard.counters.keys().map(|digest| digest.0).collect();
         held.sort_unstable();
         assert_eq!(held, [3, 4, 5, 6]);
         // A use protects a counter the hand reaches: 3 is next in line, unless used.
         shard.touch(digest(3));
-        map.store(&mut shard, digest(7), state(), 60);
+        map.store(&mut shard, digest(7), state());
         assert!(shard.counters.contains_key(&digest(3)));
         assert_eq!(shard.counters.len(), 4);
         assert_eq!(map.evictions(), 4);
+    }
+
+    #[test]
+    fn a_full_shard_that_refuses_forgets_a_spare_counter_and_never_one_near_its_limit() {
+        let map = CounterMap::new(4 * SHARDS, WhenFull::Refuse);
+        let mut shard = Shard::default();
+        let written = |spare| Written {
+            state: State::FixedWindow(fixed_window::State::default()),
+            expires_at: 60,
+            spare,
+        };
+        let digest = |n: u64| Digest(n, n);
+        // Two near their limits, two spare.
+        for n in 0..4 {
+            map.store(&mut shard, digest(n), written(n % 2 == 1));
+        }
+        // Two new counters: the two spare ones make room; a third finds none.
+        for n in 4..6 {
+            assert!(map.has_room(&mut shard, 0, 1));
+            map.store(&mut shard, digest(n), written(false));
+        }
+        assert!(!map.has_room(&mut shard, 0, 1));
+        let mut held: Vec<u64> = shard.counters.keys().map(|digest| digest.0).collect();
+        held.sort_unstable();
+        assert_eq!(held, [0, 2, 4, 5]);
+        assert_eq!(map.evictions(), 2);
+        assert_eq!(map.refusals_metric.get(), 1);
+        // Past their expiry, every counter makes room, spare or not.
+        assert!(map.has_room(&mut shard, 60, 4));
     }
 }

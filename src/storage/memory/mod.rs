@@ -12,10 +12,10 @@ use std::sync::{Arc, MutexGuard, Weak};
 use std::time::Duration;
 
 pub use map::WhenFull;
-use map::{CounterMap, Digest, Shard};
+use map::{CounterMap, Digest, Shard, Written};
 
 use super::{CounterReset, CounterStore, DecideAtOnce, Hit, PerHit, StoreError, rule};
-use crate::algorithm::{Outcome, State};
+use crate::algorithm::{Algorithm, Outcome, State};
 use crate::clock::{Clock, Micros};
 use crate::metrics::Metrics;
 
@@ -144,10 +144,18 @@ impl MemoryStore {
                 return Err(self.map.full());
             }
         }
-        for ((digest, write), &shard) in digests.iter().zip(decided.writes).zip(&shard_of_hit) {
+        let writes = digests.iter().zip(decided.writes).zip(&shard_of_hit);
+        for (((digest, write), &shard), (hit, outcome)) in
+            writes.zip(hits.iter().zip(&decided.outcomes))
+        {
             if let Some((state, expires_at)) = write {
+                let written = Written {
+                    state,
+                    expires_at,
+                    spare: is_spare(hit, outcome),
+                };
                 self.map
-                    .store(&mut guards[guard_of(shard)], *digest, state, expires_at);
+                    .store(&mut guards[guard_of(shard)], *digest, written);
             }
         }
         Ok(decided.outcomes)
@@ -164,16 +172,31 @@ impl MemoryStore {
         let decided = rule::decide(std::slice::from_ref(hit), &[found], now, true);
         let outcome = decided.outcomes[0];
         if let Some(Some((state, expires_at))) = decided.writes.into_iter().next() {
+            let written = Written {
+                state,
+                expires_at,
+                spare: is_spare(hit, &outcome),
+            };
             match held {
-                Some(index) => self.map.replace_at(&mut shard, index, state, expires_at),
+                Some(index) => self.map.replace_at(&mut shard, index, written),
                 None if self.map.has_room(&mut shard, now, 1) => {
-                    self.map.store(&mut shard, digest, state, expires_at)
+                    self.map.store(&mut shard, digest, written)
                 }
                 None => return Err(self.map.full()),
             }
         }
         Ok(outcome)
     }
+}
+
+/// Whether `hit`'s counter, as `outcome` leaves it, admits at least half its limit (its
+/// burst, for a bucket) still: spare, which a full store may forget for a new counter.
+fn is_spare(hit: &Hit, outcome: &Outcome) -> bool {
+    let most = match hit.params.algorithm {
+        Algorithm::TokenBucket { burst } | Algorithm::Gcra { burst } => burst,
+        _ => hit.params.requests,
+    };
+    outcome.remaining.saturating_mul(2) >= most
 }
 
 #[tonic::async_trait]
@@ -370,47 +393,44 @@ mod tests {
     }
 
     #[test]
-    fn a_full_store_forgets_ended_windows_and_refuses_new_counters_rather_than_drop_live_ones() {
+    fn a_full_store_forgets_spare_counters_for_new_ones_and_refuses_rather_than_drop_the_rest() {
         let metrics = Metrics::default();
-        let (store, clock) = store(SHARDS);
+        let (store, clock) = store(4 * SHARDS);
         let store = store.with_metrics(&metrics);
         let now = clock.now();
-        // A counter counted once; then new ones until every shard is full of live counters.
-        let victim = hit("victim", 10, 1, Role::Enforced);
-        store.apply_now(std::slice::from_ref(&victim), now);
-        let mut refused = 0;
+        // A counter near its limit (9 of 10): never forgotten while live.
+        let victim = |hits| [hit("victim", 10, hits, Role::Enforced)];
+        store.apply_now(&victim(9), now);
+        // A flood of new keys, each spare (1 of 10): they take room from one another.
         for user in 0..10_000 {
             let new = [hit(&format!("u{user}"), 10, 1, Role::Enforced)];
+            assert!(store.apply_with(&new, || now).is_ok(), "u{user}");
+        }
+        assert_eq!(store.len(), 4 * SHARDS);
+        assert_eq!(metrics.store.memory_refusals.get(), 0);
+        assert!(store.evictions() >= 10_000 - 4 * SHARDS as u64);
+        assert_eq!(remaining(&store.apply_now(&victim(1), now)), [(true, 0)]);
+        // New counters that are not spare (6 of 10): the spare ones go first, then they are
+        // refused, the request whole.
+        let mut refused = 0;
+        for user in 0..1_000 {
+            let new = [hit(&format!("n{user}"), 10, 6, Role::Enforced)];
             match store.apply_with(&new, || now) {
                 Ok(_) => {}
                 Err(StoreError::Full { max_keys }) => {
-                    assert_eq!(max_keys, SHARDS);
+                    assert_eq!(max_keys, 4 * SHARDS);
                     refused += 1;
                 }
                 Err(other) => panic!("{other}"),
             }
         }
-        assert_eq!(store.len(), SHARDS);
-        assert_eq!(refused, 10_000 + 1 - SHARDS);
-        assert_eq!(metrics.store.memory_refusals.get(), refused as u64);
-        assert_eq!(store.evictions(), 0);
-        // The victim's count survived the flood: 9 more, then over.
-        let later = store.apply_now(&[hit("victim", 10, 1, Role::Enforced)], now);
-        assert_eq!(remaining(&later), [(true, 8)]);
-        // A request of a held counter and a new one in a full shard is refused whole.
-        let mixed = [
-            hit("victim", 10, 1, Role::Enforced),
-            hit("newcomer", 10, 1, Role::Enforced),
-        ];
-        assert!(matches!(
-            store.apply_with(&numbered(&mixed), || now),
-            Err(StoreError::Full { .. })
-        ));
-        let after = store.apply_now(&[hit("victim", 10, 1, Role::Enforced)], now);
-        assert_eq!(remaining(&after), [(true, 7)]);
+        assert!(refused > 0);
+        assert_eq!(metrics.store.memory_refusals.get(), refused);
+        // The victim is still over: its count survived both floods.
+        assert_eq!(remaining(&store.apply_now(&victim(1), now)), [(false, 0)]);
         // Once every window has ended, new counters take their places.
         let later = now + 120 * MICROS_PER_SECOND;
-        let next = [hit("newcomer", 10, 1, Role::Enforced)];
+        let next = [hit("newcomer", 10, 6, Role::Enforced)];
         assert!(store.apply_with(&next, || later).is_ok());
     }
 

@@ -12,8 +12,9 @@
 //! A storm of changes never puts a rule set in force that was not written whole
 //! (`burst.rs`): a file written in place is not read while it is open for writing (inotify
 //! says when it is closed), its writer stalling up to 2 s between writes; a change that
-//! leaves fewer domains than are in force (files deleted to be written again) is taken only
-//! once the directory has stayed so for `REMOVAL_GRACE`; the directory itself removed keeps
+//! leaves fewer domains than are in force (files deleted to be written again), or a domain
+//! with fewer descriptors (a file truncated by one open and written by the next), is taken
+//! only once the directory has stayed so for `REMOVAL_GRACE`; the directory itself removed keeps
 //! the rules in force, and made again is watched anew; and changes that keep coming are
 //! loaded every 250 ms whenever no file is being written, so the rules in force never fall
 //! far behind the files.
@@ -249,14 +250,14 @@ impl Reloader {
                 return;
             }
         };
-        // Unchanged; or changed while it was read, or (fewer domains than in force) not for
-        // long enough: the events of the change (or the next poll) bring the next attempt,
+        // Unchanged; or changed while it was read, or (fewer domains or descriptors than in
+        // force) not for long enough: the events of the change (or the next poll) bring the next attempt,
         // once the files are whole again.
         if before == self.last_seen && after == self.last_seen || before != after {
             return;
         }
         if let Ok(rules) = &loaded
-            && !removed(&self.rules.load(), rules).is_empty()
+            && shrinks(&self.rules.load(), rules)
             && self.last_seen != 0
             && !self.stays(before, REMOVAL_GRACE).await
         {
@@ -334,6 +335,16 @@ fn names(rules: &RuleSet) -> std::collections::BTreeSet<String> {
 /// The domains in `now` that `next` would remove.
 fn removed(now: &RuleSet, next: &RuleSet) -> Vec<String> {
     names(now).difference(&names(next)).cloned().collect()
+}
+
+/// Whether `next` would lift limits in force: remove a domain, or leave one with fewer
+/// descriptors (a file truncated to be written again by a second open).
+fn shrinks(now: &RuleSet, next: &RuleSet) -> bool {
+    !removed(now, next).is_empty()
+        || now.domains().iter().any(|domain| {
+            next.domain(&domain.name)
+                .is_some_and(|kept| kept.root.len() < domain.root.len())
+        })
 }
 
 /// What identifies a directory apart from its path (a directory made again at the same path

@@ -97,6 +97,16 @@ impl Level {
         self.by_key.is_empty()
     }
 
+    /// The nodes at this level (descriptors, at a domain's root).
+    pub fn len(&self) -> usize {
+        self.by_key
+            .values()
+            .map(|nodes| {
+                nodes.exact.len() + nodes.wildcards.len() + usize::from(nodes.default.is_some())
+            })
+            .sum()
+    }
+
     /// Adds a node, refusing a second node with the same key and value.
     pub fn insert(&mut self, node: Node) -> Result<(), DuplicateNode> {
         let nodes = self.by_key.entry(node.key.clone()).or_default();

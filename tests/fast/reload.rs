@@ -106,6 +106,36 @@ async fn added_changed_broken_and_fixed_files_are_reloaded_and_a_broken_one_keep
     assert_eq!(reload_errors(&server).await, "1");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_truncated_by_one_open_and_written_by_the_next_never_serves_its_middle() {
+    let server = start_with(&[("a.yaml", &limits("a", 5))], watching(None)).await;
+    let path = server.config_dir().join("a.yaml");
+    // `> a.yaml` with the domain alone, then, 700 ms later, `>> a.yaml` with its descriptors.
+    std::fs::write(&path, "domain: a\n").unwrap();
+    let started = Instant::now();
+    let mut seen = Vec::new();
+    let mut appended = false;
+    while started.elapsed() < Duration::from_secs(4) {
+        if !appended && started.elapsed() >= Duration::from_millis(700) {
+            use std::io::Write as _;
+            let rest = &limits("a", 7)["domain: a\n".len()..];
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            file.write_all(rest.as_bytes()).unwrap();
+            appended = true;
+        }
+        seen.push(limit_of(&server, "a").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        seen.iter().all(|limit| matches!(limit, Some(5 | 7))),
+        "a limit lifted in between: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&Some(7)));
+}
+
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_data_symlink_swap_is_reloaded() {

@@ -23,6 +23,11 @@ use crate::metrics::ListenerMetrics;
 const FIRST_BACKOFF: Duration = Duration::from_millis(10);
 const MOST_BACKOFF: Duration = Duration::from_millis(250);
 
+/// Each connection's socket send buffer (Linux doubles it): answers for a client that reads
+/// them are written at once, and one that does not finds its answers backed up, and the
+/// write timeout running, within a second or two of them.
+const SEND_BUFFER: usize = 256 * 1024;
+
 /// How long a new connection waits for the one closed to make room for it to go.
 const ROOM_WAIT: Duration = Duration::from_millis(250);
 
@@ -155,6 +160,10 @@ impl Acceptor {
             self.refusals.end();
             // Answers are small and latency-bound: no Nagle delay.
             let _ = stream.set_nodelay(true);
+            // A fixed send buffer: the kernel's autotuning would grow it to megabytes for a
+            // client that never reads, so that its answers back up (and the write timeout
+            // starts) only after a minute of them.
+            let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER);
             self.metrics.open.inc();
             let slot = Slot {
                 _permit: permit,

@@ -375,6 +375,55 @@ async fn a_silent_socket_an_idle_connection_and_one_that_never_reads_are_closed(
     assert_eq!(closed("write_stalled").await, 1.0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_soon_after_the_write_timeout() {
+    let server = server(IntakeOptions::default(), InboundOptions::default()).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4_096).unwrap();
+    let mut never_reads = socket.connect(server.grpc).await.unwrap();
+    never_reads.write_all(&raw::preface()).await.unwrap();
+    let users: Vec<String> = (0..16).map(|n| n.to_string()).collect();
+    let entries: Vec<Vec<(&str, &str)>> =
+        users.iter().map(|u| vec![("user", u.as_str())]).collect();
+    let descriptors: Vec<&[(&str, &str)]> = entries.iter().map(Vec::as_slice).collect();
+    let message = grpc_message(&common::request("h", &descriptors));
+    let started = Instant::now();
+    let writing = tokio::spawn(async move {
+        let (mut id, mut last_taken) = (1u32, Instant::now());
+        let mut pace = tokio::time::interval(Duration::from_millis(1));
+        loop {
+            pace.tick().await;
+            let frames = raw::request(id, &message);
+            match tokio::time::timeout(Duration::from_millis(100), never_reads.write_all(&frames))
+                .await
+            {
+                Ok(Ok(())) => last_taken = Instant::now(),
+                Ok(Err(_)) => return last_taken,
+                Err(_) => {}
+            }
+            id += 2;
+        }
+    });
+    let last_taken = tokio::time::timeout(Duration::from_secs(120), writing)
+        .await
+        .expect("closed within two minutes")
+        .unwrap();
+    // The write timeout (10 s), after the answers filled the socket's send buffer: about a
+    // second of them here, five with the margin of a loaded machine. The kernel's autotuned
+    // buffer took 20 s of them (this test before the buffer was fixed).
+    let took = last_taken - started;
+    assert!(took < Duration::from_secs(15), "closed after {took:?}");
+    assert_eq!(
+        metric(
+            server.http,
+            "tollgate_connections_closed_total",
+            "write_stalled"
+        )
+        .await,
+        1.0
+    );
+}
+
 /// The type of each HTTP/2 frame the server sends on `socket` until it closes it (within
 /// `within`), with the instant it arrived.
 async fn frames_until_closed(socket: &mut TcpStream, within: Duration) -> Vec<(u8, Instant)> {

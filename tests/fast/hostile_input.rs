@@ -162,13 +162,14 @@ async fn a_flood_of_new_keys_keeps_a_live_counter_and_leaves_room_for_new_users_
     )
     .await;
     let victim = || request("f", &[&[("user", "victim")]]);
+    // Half its day's limit before the flood: a counter the flood could take room from, were
+    // it not in use.
     let mut admitted = 0;
-    for _ in 0..12 {
+    for _ in 0..5 {
         admitted += u32::from(server.ok(victim()).await.overall_code == OK);
     }
-    assert_eq!(admitted, 10);
     // Three times the store's bound in new keys, each counted once for the day; between
-    // them, new users of the other rule.
+    // them, the victim again, and new users of the other rule.
     let tenant = |name: &str| request("f", &[&[("tenant", name)]]);
     for user in 0..3_072 {
         let flood = server
@@ -179,6 +180,9 @@ async fn a_flood_of_new_keys_keeps_a_live_counter_and_leaves_room_for_new_users_
             Some(OK),
             "u{user}"
         );
+        if user % 128 == 0 {
+            admitted += u32::from(server.ok(victim()).await.overall_code == OK);
+        }
         if user % 256 == 0 {
             let answer = server.ok(tenant(&format!("during-{user}"))).await;
             assert_eq!(
@@ -195,7 +199,10 @@ async fn a_flood_of_new_keys_keeps_a_live_counter_and_leaves_room_for_new_users_
     for _ in 0..20 {
         admitted += u32::from(server.ok(victim()).await.overall_code == OK);
     }
-    assert_eq!(admitted, 10, "the live daily counter admits no more");
+    assert_eq!(
+        admitted, 10,
+        "the live daily counter admits its limit and no more"
+    );
     let (_, metrics) = server.http("GET", "/metrics", "").await;
     let line = |name: &str| {
         metrics
@@ -213,5 +220,5 @@ async fn a_flood_of_new_keys_keeps_a_live_counter_and_leaves_room_for_new_users_
         .next()
         .and_then(|count| count.parse().ok())
         .unwrap();
-    assert!(evicted >= 3_072 + 13 - 1_024, "{evicted}");
+    assert!(evicted >= 3_072 + 12 - 1_024, "{evicted}");
 }

@@ -15,7 +15,9 @@
 //! more); when every counter it holds is still live, what happens to a new one is `WhenFull`'s:
 //! by default a *spare* counter is forgotten to make room (one whose last write left at least
 //! half its limit admissible: forgetting it lets its key be admitted at most half its limit
-//! more in that window), and only when none is spare is the new one refused (`refusals`), so
+//! more in that window), chosen by CLOCK among the spare ones so that a key used once goes
+//! before one that keeps coming back, and only when none is spare is the new one refused
+//! (`refusals`), so
 //! that a flood of new keys, each spare, takes room from itself and not from everyone, and a
 //! counter near or over its limit is never dropped; or the least recently used is evicted
 //! (`evictions`) by CLOCK,
@@ -361,25 +363,31 @@ impl CounterMap {
         }
     }
 
-    /// Forgets one spare counter of a full shard, the first from the hand on: whether one
-    /// was. A flood of new keys makes only spare counters, so the search is short while it
-    /// lasts; with none spare it reads the shard once.
+    /// Forgets one spare counter of a full shard by CLOCK among the spare ones: from the
+    /// hand on, a spare counter used since the hand last passed is unmarked and passed, the
+    /// first unused one is forgotten; whether one was. A flood's counters are used once, so
+    /// they go before a client's that keeps coming back, and the search is short while the
+    /// flood lasts; with none spare it reads the shard twice.
     fn forget_spare(&self, shard: &mut Shard) -> bool {
         let held = shard.counters.len();
-        for step in 0..held {
-            let index = (shard.hand + step) % held;
-            let spare = shard
-                .counters
-                .get_index(index)
-                .is_some_and(|(_, slot)| slot.is_spare());
-            if spare {
-                shard.counters.swap_remove_index(index);
-                shard.hand = index;
-                self.evictions.fetch_add(1, Ordering::Relaxed);
-                self.evictions_metric.inc();
-                self.keys_metric.dec();
-                return true;
+        for _ in 0..2 * held {
+            if shard.hand >= held {
+                shard.hand = 0;
             }
+            let index = shard.hand;
+            shard.hand += 1;
+            let Some((_, slot)) = shard.counters.get_index_mut(index) else {
+                return false;
+            };
+            if !slot.is_spare() || slot.take_used() {
+                continue;
+            }
+            shard.counters.swap_remove_index(index);
+            shard.hand = index;
+            self.evictions.fetch_add(1, Ordering::Relaxed);
+            self.evictions_metric.inc();
+            self.keys_metric.dec();
+            return true;
         }
         false
     }

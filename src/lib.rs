@@ -35,7 +35,7 @@
 //!   reference's debug listener): the HTTP endpoints; `query`:
 //!   one-shot calls and health checks as a client; `bench` (`bench/calls.rs`: Redis calls
 //!   as the store sends them; `bench/codec.rs`: pre-encoded calls; `bench/requests.rs`: the requests
-//!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC port, `bench/raw_h2.rs` the
+//!   a run cycles through; `bench/hostile.rs`: hostile clients of the gRPC and admin ports (`bench/hostile/attack.rs` a run, `bench/hostile/streams.rs` the attacks of streams, `bench/hostile/sockets.rs` of a socket, `bench/hostile/calls.rs` of whole calls), `bench/raw_h2.rs` the
 //!   frames of one that never reads; `bench/rlqs.rs`: RLQS
 //!   streams): the load generators.
 //! - `service`: RLS v3 over gRPC (`service/options.rs` `ServiceOptions`, the response flags;
@@ -59,7 +59,7 @@
 //!   outcomes, `limiter/stats.rs` counts it in the per-limit metrics);
 //!   `config`: YAML → rules
 //!   (`config/raw.rs` the YAML as written, `config/file.rs` one file, `config/tree.rs` the
-//!   descriptor tree, `config/limits.rs` the limits, `config/error.rs` `file:line: path:
+//!   descriptor tree, `config/limits.rs` the limits (`config/limits/settings.rs` their lease, charges and refunds), `config/error.rs` `file:line: path:
 //!   reason`).
 //! - `rules` (`rules/matcher.rs`: precedence): the compiled rules; `storage`: the
 //!   `CounterStore` trait and its vocabulary, with `storage/rule.rs` (the request rule every

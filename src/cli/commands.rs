@@ -36,7 +36,7 @@ pub async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::BenchHostile(args) => {
             println!(
                 "{}",
-                serde_json::to_string(&bench::hostile::run(&args).await?)?
+                serde_json::to_string(&bench::hostile::attack::run(&args).await?)?
             );
             Ok(ExitCode::SUCCESS)
         }

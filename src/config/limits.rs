@@ -1,6 +1,6 @@
 //! `rate_limit` / `rate_limits` → the limits of a rule: unit and count as the reference, plus
-//! tollgate's extensions (algorithm, unit_multiplier, burst, min_interval, anchor, lease,
-//! charges), each accepted only where it applies.
+//! tollgate's extensions (algorithm, unit_multiplier, burst, min_interval, anchor; lease,
+//! charges and refunds in `settings.rs`), each accepted only where it applies.
 
 use std::path::Path;
 use std::time::Duration;
@@ -9,10 +9,11 @@ use serde_saphyr::Spanned;
 
 use super::error::ConfigError;
 use super::raw::{RawDescriptor, RawRateLimit, RawReplace};
-use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters, leased};
-use crate::clock::Micros;
+use crate::algorithm::{Algorithm, Anchor, Parameter, Parameters};
 use crate::limit::{Charges, Lease, Limit, Refunds, Unit};
 use crate::rules::Policy;
+
+mod settings;
 
 /// The longest window, ten years: far beyond any real limit, far below overflow.
 const MAX_WINDOW_SECONDS: u64 = 3_650 * 86_400;
@@ -205,138 +206,6 @@ impl Spec<'_> {
         limit.charges = self.charges(&limit)?;
         limit.refunds = self.refunds()?;
         Ok(limit)
-    }
-
-    /// `refunds`: allow or refuse a client's refunds on this rule.
-    fn refunds(&self) -> Result<Refunds, ConfigError> {
-        let Some(refunds) = &self.raw.refunds else {
-            return Ok(Refunds::AsConfigured);
-        };
-        match Refunds::NAMES
-            .iter()
-            .find(|(name, _)| *name == refunds.value)
-        {
-            Some((_, parsed)) => Ok(*parsed),
-            None => {
-                let names: Vec<&str> = Refunds::NAMES.iter().map(|(name, _)| *name).collect();
-                Err(self.error(
-                    refunds.referenced.line(),
-                    "refunds",
-                    format!(
-                        "expected one of {}, got {:?}",
-                        names.join("|"),
-                        refunds.value
-                    ),
-                ))
-            }
-        }
-    }
-
-    /// `charges`: a concurrency limit's takes are reservations (a refused take holds
-    /// nothing, and the end of a stream gives back what it took), and a limit that reports
-    /// what it reserved needs the name it reports it under.
-    fn charges(&self, limit: &Limit) -> Result<Charges, ConfigError> {
-        let charges = match &self.raw.charges {
-            None => Charges::AsConfigured,
-            Some(charges) => {
-                let line = charges.referenced.line();
-                let found = Charges::NAMES
-                    .iter()
-                    .find(|(name, _)| *name == charges.value);
-                let Some((_, parsed)) = found else {
-                    let names: Vec<&str> = Charges::NAMES.iter().map(|(name, _)| *name).collect();
-                    return Err(self.error(
-                        line,
-                        "charges",
-                        format!(
-                            "expected one of {}, got {:?}",
-                            names.join("|"),
-                            charges.value
-                        ),
-                    ));
-                };
-                if limit.algorithm == Algorithm::Concurrency && *parsed != Charges::Reserve {
-                    return Err(self.error(
-                        line,
-                        "charges",
-                        "a concurrency limit's takes are reservations: leave charges out, or write reserve",
-                    ));
-                }
-                *parsed
-            }
-        };
-        let reserves = charges == Charges::Reserve || limit.algorithm == Algorithm::Concurrency;
-        if reserves && limit.name.is_none() {
-            let (field, why) = match limit.algorithm {
-                Algorithm::Concurrency => ("algorithm", "a concurrency limit"),
-                _ => ("charges", "charges: reserve"),
-            };
-            let line = match field {
-                "algorithm" => self.raw.algorithm.as_ref(),
-                _ => self.raw.charges.as_ref(),
-            }
-            .map_or(self.line, |spanned| spanned.referenced.line());
-            return Err(self.error(
-                line,
-                field,
-                format!(
-                    "{why} needs a name: the answer reports what it reserved under it (dynamic metadata reserved.<name>), which the end of the stream gives back"
-                ),
-            ));
-        }
-        Ok(charges)
-    }
-
-    /// `lease`: only a fixed window aligned on the epoch (its budget is one count per window)
-    /// and a bucket with a burst worth splitting hand out their budget exactly
-    /// (algorithm::leased); a sliding window's or a sliding log's depends on each hit's
-    /// instant.
-    fn lease(&self, limit: &Limit) -> Result<Lease, ConfigError> {
-        let Some(lease) = &self.raw.lease else {
-            return Ok(Lease::AsConfigured);
-        };
-        let line = lease.referenced.line();
-        let Some((_, parsed)) = Lease::NAMES.iter().find(|(name, _)| *name == lease.value) else {
-            let names: Vec<&str> = Lease::NAMES.iter().map(|(name, _)| *name).collect();
-            return Err(self.error(
-                line,
-                "lease",
-                format!("expected one of {}, got {:?}", names.join("|"), lease.value),
-            ));
-        };
-        if *parsed != Lease::Auto {
-            return Ok(*parsed);
-        }
-        let params = limit.params();
-        if leased::is_bucket(&params) {
-            if leased::slice_life(&params, Micros::MAX).is_none() {
-                return Err(self.error(
-                    line,
-                    "lease",
-                    format!(
-                        "a {} limit can be leased only with a burst of at least 2 that takes at least {} ms to refill (a slice lives half of that)",
-                        limit.algorithm.name(),
-                        leased::SHORTEST_LIFE / 500
-                    ),
-                ));
-            }
-            return Ok(*parsed);
-        }
-        let window = limit.algorithm
-            == (Algorithm::FixedWindow {
-                anchor: Anchor::Epoch,
-            });
-        if !window {
-            return Err(self.error(
-                line,
-                "lease",
-                format!(
-                    "only a fixed_window limit aligned on the epoch, a token_bucket or a gcra limit can be leased, not {}",
-                    limit.algorithm.name()
-                ),
-            ));
-        }
-        Ok(*parsed)
     }
 
     /// The algorithm and its parameters, checked by the algorithm itself.

@@ -163,13 +163,7 @@ impl Roll {
     /// Closes the connection that has gone longest without a request, none waiting on it, if
     /// that is `ROOM_AFTER` at least: whether one was.
     pub fn make_room(&self) -> bool {
-        match self.idlest() {
-            Some((state, _)) => {
-                Self::close_for_room(&state);
-                true
-            }
-            None => false,
-        }
+        Self::close_for_room(self.idlest())
     }
 
     /// `make_room` over every listener of the process: the idlest connection of any.
@@ -184,13 +178,7 @@ impl Roll {
             .iter()
             .filter_map(|roll| roll.idlest())
             .max_by_key(|(_, idle)| *idle);
-        match idlest {
-            Some((state, _)) => {
-                Self::close_for_room(&state);
-                true
-            }
-            None => false,
-        }
+        Self::close_for_room(idlest)
     }
 
     /// The open connection longest without a request and none waiting, with how long, if
@@ -211,11 +199,15 @@ impl Roll {
             .map(|(state, idle)| (Arc::clone(state), idle))
     }
 
-    /// Closes one connection to let another in: no pause, since the newcomer did nothing
-    /// wrong.
-    fn close_for_room(state: &State) {
+    /// Closes `idlest`, if there is one, to let another connection in (whether it was):
+    /// no pause, since the newcomer did nothing wrong.
+    fn close_for_room(idlest: Option<(Arc<State>, u64)>) -> bool {
+        let Some((state, _)) = idlest else {
+            return false;
+        };
         state.closing.store(ROOM, Ordering::Relaxed);
         state.waker.wake();
+        true
     }
 
     /// Closes one connection for `reason`, and pauses accepting.

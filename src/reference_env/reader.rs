@@ -59,23 +59,17 @@ impl Reader<'_> {
         Ok(())
     }
 
+    /// The listen address of `host` and `port` as `flag`.
+    fn listener(&mut self, host: &str, port: &str, flag: &str) -> Result<(), EnvError> {
+        let at = address(&self.text(host), &self.text(port), host, port)?;
+        self.flag(flag, at, port);
+        Ok(())
+    }
+
     pub fn listeners(&mut self) -> Result<(), EnvError> {
-        let http = address(&self.text("HOST"), &self.text("PORT"), "HOST", "PORT")?;
-        self.flag("--http-addr", http, "PORT");
-        let debug = address(
-            &self.text("DEBUG_HOST"),
-            &self.text("DEBUG_PORT"),
-            "DEBUG_HOST",
-            "DEBUG_PORT",
-        )?;
-        self.flag("--debug-addr", debug, "DEBUG_PORT");
-        let grpc = address(
-            &self.text("GRPC_HOST"),
-            &self.text("GRPC_PORT"),
-            "GRPC_HOST",
-            "GRPC_PORT",
-        )?;
-        self.flag("--grpc-addr", grpc, "GRPC_PORT");
+        self.listener("HOST", "PORT", "--http-addr")?;
+        self.listener("DEBUG_HOST", "DEBUG_PORT", "--debug-addr")?;
+        self.listener("GRPC_HOST", "GRPC_PORT", "--grpc-addr")?;
         let age = self.text("GRPC_MAX_CONNECTION_AGE");
         self.flag("--grpc-max-connection-age", age, "GRPC_MAX_CONNECTION_AGE");
         let grace = self.text("GRPC_MAX_CONNECTION_AGE_GRACE");

@@ -1,6 +1,8 @@
 //! A limit's settings beside its algorithm: `refunds`, `charges` and `lease`, each accepted
 //! only where it applies.
 
+use serde_saphyr::Spanned;
+
 use super::Spec;
 use crate::algorithm::{Algorithm, Anchor, leased};
 use crate::clock::Micros;
@@ -8,28 +10,35 @@ use crate::config::error::ConfigError;
 use crate::limit::{Charges, Lease, Limit, Refunds};
 
 impl Spec<'_> {
-    /// `refunds`: allow or refuse a client's refunds on this rule.
-    pub(super) fn refunds(&self) -> Result<Refunds, ConfigError> {
-        let Some(refunds) = &self.raw.refunds else {
-            return Ok(Refunds::AsConfigured);
-        };
-        match Refunds::NAMES
-            .iter()
-            .find(|(name, _)| *name == refunds.value)
-        {
+    /// The setting `field` names, written as one of `names`.
+    fn one_of<T: Copy>(
+        &self,
+        field: &str,
+        written: &Spanned<String>,
+        names: &[(&str, T)],
+    ) -> Result<T, ConfigError> {
+        match names.iter().find(|(name, _)| *name == written.value) {
             Some((_, parsed)) => Ok(*parsed),
             None => {
-                let names: Vec<&str> = Refunds::NAMES.iter().map(|(name, _)| *name).collect();
+                let names: Vec<&str> = names.iter().map(|(name, _)| *name).collect();
                 Err(self.error(
-                    refunds.referenced.line(),
-                    "refunds",
+                    written.referenced.line(),
+                    field,
                     format!(
                         "expected one of {}, got {:?}",
                         names.join("|"),
-                        refunds.value
+                        written.value
                     ),
                 ))
             }
+        }
+    }
+
+    /// `refunds`: allow or refuse a client's refunds on this rule.
+    pub(super) fn refunds(&self) -> Result<Refunds, ConfigError> {
+        match &self.raw.refunds {
+            None => Ok(Refunds::AsConfigured),
+            Some(refunds) => self.one_of("refunds", refunds, &Refunds::NAMES),
         }
     }
 
@@ -40,30 +49,15 @@ impl Spec<'_> {
         let charges = match &self.raw.charges {
             None => Charges::AsConfigured,
             Some(charges) => {
-                let line = charges.referenced.line();
-                let found = Charges::NAMES
-                    .iter()
-                    .find(|(name, _)| *name == charges.value);
-                let Some((_, parsed)) = found else {
-                    let names: Vec<&str> = Charges::NAMES.iter().map(|(name, _)| *name).collect();
+                let parsed = self.one_of("charges", charges, &Charges::NAMES)?;
+                if limit.algorithm == Algorithm::Concurrency && parsed != Charges::Reserve {
                     return Err(self.error(
-                        line,
-                        "charges",
-                        format!(
-                            "expected one of {}, got {:?}",
-                            names.join("|"),
-                            charges.value
-                        ),
-                    ));
-                };
-                if limit.algorithm == Algorithm::Concurrency && *parsed != Charges::Reserve {
-                    return Err(self.error(
-                        line,
+                        charges.referenced.line(),
                         "charges",
                         "a concurrency limit's takes are reservations: leave charges out, or write reserve",
                     ));
                 }
-                *parsed
+                parsed
             }
         };
         let reserves = charges == Charges::Reserve || limit.algorithm == Algorithm::Concurrency;
@@ -97,16 +91,9 @@ impl Spec<'_> {
             return Ok(Lease::AsConfigured);
         };
         let line = lease.referenced.line();
-        let Some((_, parsed)) = Lease::NAMES.iter().find(|(name, _)| *name == lease.value) else {
-            let names: Vec<&str> = Lease::NAMES.iter().map(|(name, _)| *name).collect();
-            return Err(self.error(
-                line,
-                "lease",
-                format!("expected one of {}, got {:?}", names.join("|"), lease.value),
-            ));
-        };
-        if *parsed != Lease::Auto {
-            return Ok(*parsed);
+        let parsed = self.one_of("lease", lease, &Lease::NAMES)?;
+        if parsed != Lease::Auto {
+            return Ok(parsed);
         }
         let params = limit.params();
         if leased::is_bucket(&params) {
@@ -121,7 +108,7 @@ impl Spec<'_> {
                     ),
                 ));
             }
-            return Ok(*parsed);
+            return Ok(parsed);
         }
         let window = limit.algorithm
             == (Algorithm::FixedWindow {
@@ -137,6 +124,6 @@ impl Spec<'_> {
                 ),
             ));
         }
-        Ok(*parsed)
+        Ok(parsed)
     }
 }

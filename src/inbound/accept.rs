@@ -117,7 +117,7 @@ impl Acceptor {
             )),
             deadlines,
             metrics,
-            roll: Roll::new(),
+            roll: Roll::new(deadlines.room_after),
             failures: Episode::default(),
             refusals: Episode::default(),
         }

@@ -51,6 +51,9 @@ pub struct Roll {
     started: Instant,
     /// Until when (ms since `started`) the listener pauses before accepting.
     paused_until: AtomicU64,
+    /// How long a connection must have gone without a request to make room (`ROOM_AFTER`
+    /// on the gRPC listener).
+    room_after: Duration,
 }
 
 /// One connection's conduct, as its requests see it.
@@ -99,12 +102,13 @@ impl Drop for Waiting {
 }
 
 impl Roll {
-    pub fn new() -> Arc<Self> {
+    pub fn new(room_after: Duration) -> Arc<Self> {
         let roll = Arc::new(Self {
             connections: Mutex::default(),
             next: AtomicU64::new(0),
             started: Instant::now(),
             paused_until: AtomicU64::new(0),
+            room_after,
         });
         let mut rolls = ROLLS.lock().unwrap_or_else(PoisonError::into_inner);
         rolls.retain(|roll| roll.strong_count() > 0);
@@ -182,10 +186,10 @@ impl Roll {
     }
 
     /// The open connection longest without a request and none waiting, with how long, if
-    /// that is `ROOM_AFTER` at least.
+    /// that is the roll's `room_after` at least.
     fn idlest(&self) -> Option<(Arc<State>, u64)> {
         let now = self.millis();
-        let least = u64::try_from(ROOM_AFTER.as_millis()).unwrap_or(u64::MAX);
+        let least = u64::try_from(self.room_after.as_millis()).unwrap_or(u64::MAX);
         self.connections()
             .values()
             .filter(|state| state.closing.load(Ordering::Relaxed) == OPEN)
@@ -280,7 +284,7 @@ mod tests {
 
     #[test]
     fn the_connection_holding_the_most_waiting_requests_is_closed_and_accepting_pauses() {
-        let roll = Roll::new();
+        let roll = Roll::new(ROOM_AFTER);
         let (quiet, busy, busier) = (roll.enter(), roll.enter(), roll.enter());
         let _one = quiet.waiting();
         let _held: Vec<Waiting> = (0..CLOSED_FROM).map(|_| busy.waiting()).collect();

@@ -64,6 +64,9 @@ pub struct Deadlines {
     /// How long a connection lives at most, whatever it is doing: the end of an aged gRPC
     /// connection's grace (`--grpc-max-connection-age` plus its grace).
     pub lifetime: Option<Duration>,
+    /// How long a connection must have gone without a request to be closed to make room
+    /// for a new one when the listener is full (`conduct::Roll::make_room`).
+    pub room_after: Duration,
 }
 
 impl InboundOptions {
@@ -73,6 +76,17 @@ impl InboundOptions {
             idle: self.connection_idle_timeout,
             write_stalled: self.connection_write_timeout,
             lifetime: None,
+            room_after: conduct::ROOM_AFTER,
+        }
+    }
+
+    /// The deadlines of an HTTP admin connection: room is made at once, since its clients
+    /// (probes, scrapes) open a connection per use or come back for it, and a probe must get
+    /// in even while every connection is an attacker's just opened.
+    pub fn http_deadlines(&self) -> Deadlines {
+        Deadlines {
+            room_after: Duration::ZERO,
+            ..self.deadlines()
         }
     }
 }

@@ -22,7 +22,7 @@ pub(super) fn serve_http(
         listener,
         "http",
         inbound.http_max_connections,
-        inbound.deadlines(),
+        inbound.http_deadlines(),
         metrics.connections.listener("http"),
     );
     let serving = axum::serve(acceptor, router).with_graceful_shutdown(wait_for(stopped.clone()));
